@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One entry for a fresh machine: installs what is missing, then runs a job.
+#   bash infra/run.sh demo [demo args...]   the end-to-end demo on a local broker, lake and tracking store
+#   bash infra/run.sh test [pytest args...] ruff, mypy, then the test suite against real services
+#   bash infra/run.sh env                   only install; prints the virtual environment's path
+# The virtual environment lives outside the clone, keyed by a hash of the declared dependencies,
+# so every clone on this machine (and CI) reuses it; a changed dependency builds a new one.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${ROLLSTREAM_CACHE:-$HOME/.cache/rollstream}"
+python="${ROLLSTREAM_PYTHON:-python3}"
+
+dep_hash="$("$python" - "$repo/pyproject.toml" <<'PY'
+import hashlib, sys, tomllib, platform
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+key = repr((platform.python_version_tuple()[:2], project["dependencies"], project.get("optional-dependencies", {})))
+print(hashlib.sha256(key.encode()).hexdigest()[:16])
+PY
+)"
+venv="$cache/venv-$dep_hash"
+
+if [ ! -f "$venv/.complete" ]; then
+  echo "rollstream: building the virtual environment $venv (torch is a large download; done once per machine)" >&2
+  rm -rf "$venv.partial"
+  mkdir -p "$cache"
+  "$python" -m venv "$venv.partial"
+  "$venv.partial/bin/pip" install --quiet --upgrade pip setuptools wheel
+  # Install the declared dependencies only; the project itself is installed editable below.
+  "$venv.partial/bin/python" - "$repo/pyproject.toml" > "$venv.partial/requirements.txt" <<'PY'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["dev"]))
+PY
+  "$venv.partial/bin/pip" install --progress-bar off -r "$venv.partial/requirements.txt"
+  rm -rf "$venv"
+  mv "$venv.partial" "$venv"
+  # A venv's scripts carry its absolute path: rewrite them after the move.
+  grep -rlI "$venv.partial" "$venv/bin" | xargs -r sed -i "s#$venv.partial#$venv#g"
+  touch "$venv/.complete"
+fi
+"$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo"
+export PATH="$venv/bin:$PATH"
+
+job="${1:-}"; shift || true
+case "$job" in
+  env) echo "$venv" ;;
+  demo) exec rollstream demo "$@" ;;
+  test) exec bash "$repo/infra/test.sh" "$@" ;;
+  *) echo "usage: bash infra/run.sh {demo|test|env} [args...]" >&2; exit 2 ;;
+esac

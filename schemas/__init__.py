@@ -1,0 +1,29 @@
+"""The contract: the Trajectory Avro schema, its single-object codec and packed token buffers."""
+
+from schemas.codec import TRAJECTORY_SCHEMA_PATH, TrajectoryCodec, fingerprint_of, load_schema
+from schemas.exceptions import (
+    DecodeError,
+    EncodeError,
+    RollstreamError,
+    SchemaError,
+    UnknownSchemaError,
+)
+from schemas.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
+from schemas.record import TrajectoryRecord
+
+__all__ = [
+    "TRAJECTORY_SCHEMA_PATH",
+    "DecodeError",
+    "EncodeError",
+    "RollstreamError",
+    "SchemaError",
+    "TrajectoryCodec",
+    "TrajectoryRecord",
+    "UnknownSchemaError",
+    "fingerprint_of",
+    "load_schema",
+    "pack_float32",
+    "pack_int32",
+    "unpack_float32",
+    "unpack_int32",
+]

@@ -1,0 +1,21 @@
+"""Errors of the contract; `RollstreamError` is the root of every rollstream error."""
+
+
+class RollstreamError(Exception):
+    """Root of every error rollstream raises on purpose."""
+
+
+class SchemaError(RollstreamError):
+    """A schema file is missing or invalid."""
+
+
+class EncodeError(RollstreamError):
+    """A record does not fit the writer schema."""
+
+
+class DecodeError(RollstreamError):
+    """Bytes are not a decodable single-object-encoded Trajectory."""
+
+
+class UnknownSchemaError(DecodeError):
+    """The message names a writer schema fingerprint this codec does not know."""

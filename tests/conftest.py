@@ -1,0 +1,55 @@
+"""Shared fixtures: every test runs against the real broker that `rollstream up` started.
+
+The broker address comes from ROLLSTREAM_BOOTSTRAP_SERVERS (default 127.0.0.1:9092). A missing
+broker is a test error, never a skip: `bash infra/run.sh test` starts one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+@pytest.fixture(scope="session")
+def bootstrap_servers() -> str:
+    servers = os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    host, _, port = servers.split(",")[0].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"no Kafka broker at {servers}: run the tests with `bash infra/run.sh test`, "
+            "or start one with `rollstream up` and export ROLLSTREAM_BOOTSTRAP_SERVERS"
+        ) from exc
+    return servers
+
+
+@pytest.fixture(scope="session")
+def admin(bootstrap_servers: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap_servers})
+
+
+@pytest.fixture
+def make_topic(admin: AdminClient) -> Iterator[Callable[..., str]]:
+    """Create fresh, uniquely named topics for one test and delete them afterwards."""
+    created: list[str] = []
+
+    def make(prefix: str = "test", partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
+        futures[name].result(timeout=30)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        for future in admin.delete_topics(created).values():
+            try:
+                future.result(timeout=30)
+            except Exception:  # a topic already gone is fine at teardown
+                pass
