@@ -1,0 +1,121 @@
+"""Decode speed of the Trajectory codec (packed token buffers) against Avro arrays of numbers.
+
+The baseline is the same record with token ids and logprobs as Avro `array<int>` / `array<float>`,
+decoded by fastavro in the same run. ratio = ours / baseline seconds per decode (lower is better).
+
+    python bench/codec.py [--prompt 1024] [--response 3072] [--repeats 2000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import fastavro
+import numpy as np
+
+from schemas import (
+    TRAJECTORY_SCHEMA_PATH,
+    TrajectoryCodec,
+    pack_float32,
+    pack_int32,
+    unpack_float32,
+    unpack_int32,
+)
+
+
+def _array_schema() -> Any:
+    schema = json.loads(TRAJECTORY_SCHEMA_PATH.read_text())
+    schema = copy.deepcopy(schema)
+    kinds = {"prompt_tokens": "int", "response_tokens": "int", "response_logprobs": "float"}
+    for f in schema["fields"]:
+        if f["name"] in kinds:
+            f["type"] = {"type": "array", "items": kinds[f["name"]]}
+            f.pop("packed", None)
+    return fastavro.parse_schema(schema, named_schemas={})
+
+
+def _time(fn: Any, repeats: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens")
+    parser.add_argument("--response", type=int, default=3072, help="response tokens")
+    parser.add_argument("--repeats", type=int, default=2000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 32_000, args.prompt, dtype=np.int32)
+    response = rng.integers(0, 32_000, args.response, dtype=np.int32)
+    logprobs = -rng.exponential(1.0, args.response).astype(np.float32)
+    base: dict[str, Any] = {
+        "trajectory_id": "t", "group_id": "g", "sample_index": 0, "group_size": 8,
+        "domain": "math/algebra-000", "task_type": "math", "policy_version": 1,
+        "response_text": "Answer: 4", "finish_reason": "stop", "expected_answer": "4",
+        "worker_id": "w", "created_at": datetime.now(UTC),
+    }  # fmt: skip
+
+    codec = TrajectoryCodec()
+    packed = codec.encode(
+        {**base, "prompt_tokens": pack_int32(prompt), "response_tokens": pack_int32(response),
+         "response_logprobs": pack_float32(logprobs)}
+    )  # fmt: skip
+
+    def ours() -> None:
+        record = codec.decode(packed)
+        unpack_int32(record["response_tokens"])
+        unpack_float32(record["response_logprobs"])
+
+    array_schema = _array_schema()
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(
+        buf, array_schema,
+        {**base, "prompt_tokens": prompt.tolist(), "response_tokens": response.tolist(),
+         "response_logprobs": logprobs.tolist()},
+    )  # fmt: skip
+    arrays = buf.getvalue()
+
+    def baseline() -> None:
+        record = fastavro.schemaless_reader(io.BytesIO(arrays), array_schema, None)
+        np.asarray(record["response_tokens"], dtype=np.int32)
+        np.asarray(record["response_logprobs"], dtype=np.float32)
+
+    baseline_repeats = max(20, args.repeats // 50)
+    ours_s, baseline_s = _time(ours, args.repeats), _time(baseline, baseline_repeats)
+    figures = {
+        "ratio": ours_s / baseline_s,
+        "ours_decode_us": ours_s * 1e6,
+        "baseline_decode_us": baseline_s * 1e6,
+        "ours_mb_per_s": len(packed) / ours_s / 1e6,
+        "baseline_mb_per_s": len(arrays) / baseline_s / 1e6,
+        "ours_message_bytes": len(packed),
+        "baseline_message_bytes": len(arrays),
+        "tokens": args.prompt + args.response,
+    }
+    print(
+        f"packed codec: {figures['ours_decode_us']:.1f} us per trajectory ({figures['ours_mb_per_s']:.0f} MB/s)"
+    )
+    print(
+        f"Avro arrays:  {figures['baseline_decode_us']:.1f} us per trajectory ({figures['baseline_mb_per_s']:.0f} MB/s)"
+    )
+    print(f"ratio (ours / baseline): {figures['ratio']:.4f}, i.e. {1 / figures['ratio']:.0f}x faster")
+    if args.json:
+        print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

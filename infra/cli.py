@@ -1,0 +1,184 @@
+"""The `rollstream` command line: one sub-command per job, each a thin shell over the library.
+
+This module is the edge of the system: it folds the config file, environment and flags into one
+`Settings` object and passes plain keyword arguments down to the rooms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from infra.settings import Settings
+from schemas.exceptions import RollstreamError
+
+
+def _progress(message: str) -> None:
+    print(f"[rollstream] {message}", file=sys.stderr, flush=True)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.load(
+        args.config,
+        state_dir=args.state_dir,
+        kafka_port=args.kafka_port,
+        controller_port=args.controller_port,
+    )
+
+
+def _up(args: argparse.Namespace) -> int:
+    from infra import services
+
+    status = services.up(_settings(args), mlflow_server=args.mlflow_server, progress=_progress)
+    print(status.describe())
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from infra import services
+
+    stopped = services.down(_settings(args))
+    print("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from infra import services
+
+    status = services.status(_settings(args))
+    print(json.dumps(status.as_dict(), default=str) if args.json else status.describe())
+    return 0 if status.running else 3
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from infra.demo import publish_synthetic
+
+    settings = _settings(args)
+    counts = publish_synthetic(
+        settings,
+        trajectories=args.trajectories,
+        seed=args.seed,
+        bad_fraction=args.bad_fraction,
+        progress=_progress,
+    )
+    print(json.dumps(counts))
+    return 0
+
+
+def _process(args: argparse.Namespace) -> int:
+    from stream_processors.worker import run_worker
+
+    settings = _settings(args)
+    run_worker(
+        bootstrap_servers=settings.bootstrap_servers,
+        lake_dir=settings.lake_dir,
+        raw_topic=settings.raw_topic,
+        dlq_topic=settings.dlq_topic,
+        app_id=args.app_id,
+        batch_size=args.batch_size,
+        batch_within_s=args.batch_within,
+        loglevel=args.loglevel,
+    )
+    return 0
+
+
+def _learn(args: argparse.Namespace) -> int:
+    from consumers import learn
+
+    settings = _settings(args)
+    result = learn(
+        table_uri=str(settings.lake_dir / "trajectories"),
+        tracking_uri=settings.tracking_uri,
+        experiment=args.experiment,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        progress=_progress,
+    )
+    print(json.dumps(result.as_dict()))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from infra.demo import run_demo
+
+    summary = run_demo(
+        _settings(args),
+        trajectories=args.trajectories,
+        seed=args.seed,
+        bad_fraction=args.bad_fraction,
+        learn_steps=args.steps,
+        timeout_s=args.timeout,
+        progress=_progress,
+    )
+    print(summary.describe())
+    if args.json:
+        print(json.dumps(summary.as_dict()))
+    return 0 if summary.accounted_for else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollstream", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="settings file (default ./rollstream.toml if present)")
+    common.add_argument("--state-dir", type=Path, help="where services keep data, logs and pid files")
+    common.add_argument("--kafka-port", type=int, help="the broker's client port on 127.0.0.1")
+    common.add_argument("--controller-port", type=int, help="the KRaft controller port on 127.0.0.1")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str, handler: Callable[[argparse.Namespace], int], help_: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("up", _up, "start the local Kafka broker (and MLflow server) and provision topics")
+    p.add_argument("--mlflow-server", action="store_true", help="also start `mlflow server` on 127.0.0.1")
+    command("down", _down, "stop what `up` started, by pid")
+    p = command("status", _status, "report the local services (exit 3 when the broker is down)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = command("produce", _produce, "publish synthetic trajectories (and some malformed ones) to Kafka")
+    p.add_argument("--trajectories", type=int, default=10_000)
+    p.add_argument("--seed", type=int, default=None, help="fleet seed (default: a fresh one, printed)")
+    p.add_argument("--bad-fraction", type=float, default=0.005, help="share of malformed messages")
+
+    p = command("process", _process, "run the Faust stream processor until stopped (SIGTERM / Ctrl-C)")
+    p.add_argument("--app-id", default="rollstream-processor", help="Faust app id = consumer group")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--batch-within", type=float, default=1.0, help="seconds to wait to fill a batch")
+    p.add_argument("--loglevel", default="info")
+
+    p = command("learn", _learn, "run a few policy-gradient steps on the Delta table, tracked in MLflow")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--experiment", default="rollstream")
+
+    p = command("demo", _demo, "up, publish, process, learn, and print where every trajectory went")
+    p.add_argument("--trajectories", type=int, default=10_000)
+    p.add_argument("--seed", type=int, default=None, help="fleet seed (default: a fresh one, printed)")
+    p.add_argument("--bad-fraction", type=float, default=0.005, help="share of malformed messages")
+    p.add_argument("--steps", type=int, default=20, help="learner steps")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the processor")
+    p.add_argument("--json", action="store_true", help="end with the summary as one JSON object")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `rollstream` console script."""
+    args = _parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except RollstreamError as exc:
+        print(f"rollstream {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
