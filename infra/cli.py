@@ -26,6 +26,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         state_dir=args.state_dir,
         kafka_port=args.kafka_port,
         controller_port=args.controller_port,
+        mlflow_port=args.mlflow_port,
     )
 
 
@@ -40,7 +41,7 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     from infra import services
 
-    stopped = services.down(_settings(args))
+    stopped = services.down(_settings(args), progress=_progress)
     print("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
     return 0
 
@@ -126,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--state-dir", type=Path, help="where services keep data, logs and pid files")
     common.add_argument("--kafka-port", type=int, help="the broker's client port on 127.0.0.1")
     common.add_argument("--controller-port", type=int, help="the KRaft controller port on 127.0.0.1")
+    common.add_argument(
+        "--mlflow-port", type=int, help="the MLflow server's port on 127.0.0.1 (up --mlflow-server)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(

@@ -1,0 +1,158 @@
+"""The local stack behind ``rollstream up``, ``down`` and ``status``: broker, topics, tracking server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from infra.broker import broker_status, start_broker, stop_broker
+from infra.kafka_jars import ensure_jars
+from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
+from infra.processes import ProcessStatus, stderr_progress
+from infra.settings import Settings
+from infra.topics import TopicChange, admin_client, load_topics, provision_topics
+
+STATUS_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """A snapshot of the local stack.
+
+    Attributes:
+        state_dir: The state directory the stack lives in.
+        bootstrap_servers: The broker address clients use.
+        tracking_uri: The MLflow tracking store jobs log to.
+        kafka: The broker process.
+        mlflow: The optional tracking server process.
+        topics: Topics present on the broker (Kafka's internal ``__`` topics left out).
+        missing_topics: Declared topics the broker does not have.
+        changes: What provisioning did, when this snapshot comes from ``up``.
+        error: Why the topics could not be listed, when the broker runs but did not answer.
+    """
+
+    state_dir: Path
+    bootstrap_servers: str
+    tracking_uri: str
+    kafka: ProcessStatus
+    mlflow: ProcessStatus
+    topics: tuple[str, ...] = ()
+    missing_topics: tuple[str, ...] = ()
+    changes: tuple[TopicChange, ...] = ()
+    error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker runs."""
+        return self.kafka.running
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's pid, when it runs."""
+        return self.kafka.pid
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view, for ``rollstream status --json``."""
+        return {
+            "running": self.running,
+            "pid": self.pid,
+            "bootstrap_servers": self.bootstrap_servers,
+            "state_dir": str(self.state_dir),
+            "tracking_uri": self.tracking_uri,
+            "kafka_log": str(self.kafka.log_file),
+            "topics": list(self.topics),
+            "missing_topics": list(self.missing_topics),
+            "mlflow_server": {
+                "running": self.mlflow.running,
+                "pid": self.mlflow.pid,
+                "url": self.mlflow.url,
+                "log": str(self.mlflow.log_file),
+            },
+            "changes": [str(change) for change in self.changes],
+            "error": self.error,
+        }
+
+    def describe(self) -> str:
+        """A human-readable summary, one fact per line."""
+        kafka = f"running (pid {self.pid})" if self.running else "stopped"
+        mlflow = f"running (pid {self.mlflow.pid}) at {self.mlflow.url}" if self.mlflow.running else "stopped"
+        lines = [
+            f"kafka broker:  {kafka} at {self.bootstrap_servers}; log {self.kafka.log_file}",
+            f"topics:        {', '.join(self.topics) or '-'}",
+            f"mlflow server: {mlflow}",
+            f"tracking uri:  {self.tracking_uri}",
+            f"state dir:     {self.state_dir}",
+        ]
+        if self.missing_topics:
+            lines.append(f"missing:       {', '.join(self.missing_topics)} (run `rollstream up`)")
+        if self.error:
+            lines.append(f"error:         {self.error}")
+        return "\n".join(lines)
+
+
+def up(
+    settings: Settings,
+    *,
+    mlflow_server: bool = False,
+    progress: Callable[[str], None] = stderr_progress,
+) -> ServiceStatus:
+    """Start what is not running and provision topics; safe to run again on a running stack.
+
+    Steps: fetch the Kafka jars once, format storage once, start the broker and wait until it
+    answers, provision the declared topics, then the tracking server when asked.
+
+    Raises:
+        InfraError: a step failed; the message names the step's log or the setting to change.
+    """
+    specs = load_topics(settings)
+    jars = ensure_jars(settings, progress=progress)
+    start_broker(settings, jars=jars, specs=specs, progress=progress)
+    changes = provision_topics(admin_client(settings.bootstrap_servers), specs)
+    for change in changes:
+        if change.action != "unchanged":
+            progress(f"topic {change}")
+    if mlflow_server:
+        start_mlflow_server(settings, progress=progress)
+    return replace(status(settings), changes=tuple(changes))
+
+
+def down(settings: Settings, *, progress: Callable[[str], None] = stderr_progress) -> list[str]:
+    """Stop the tracking server and the broker of this state directory; return what was stopped."""
+    stopped: list[str] = []
+    for name, stop in (("mlflow server", stop_mlflow_server), ("kafka broker", stop_broker)):
+        pid = stop(settings)
+        if pid is None:
+            progress(f"{name}: not running")
+        else:
+            progress(f"{name}: stopped (pid {pid})")
+            stopped.append(f"{name} (pid {pid})")
+    return stopped
+
+
+def status(settings: Settings) -> ServiceStatus:
+    """What runs for ``settings`` and which topics the broker has; never starts or stops anything."""
+    kafka = broker_status(settings)
+    topics: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    error = None
+    if kafka.running:
+        try:
+            present = admin_client(settings.bootstrap_servers).list_topics(timeout=STATUS_TIMEOUT_S).topics
+            topics = tuple(sorted(name for name in present if not name.startswith("__")))
+            missing = tuple(spec.name for spec in load_topics(settings) if spec.name not in present)
+        except KafkaException as exc:
+            error = f"broker did not answer within {STATUS_TIMEOUT_S:.0f} s: {exc}"
+    return ServiceStatus(
+        state_dir=settings.state_dir,
+        bootstrap_servers=settings.bootstrap_servers,
+        tracking_uri=settings.tracking_uri,
+        kafka=kafka,
+        mlflow=mlflow_server_status(settings),
+        topics=topics,
+        missing_topics=missing,
+        error=error,
+    )

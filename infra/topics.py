@@ -1,0 +1,216 @@
+"""The declared topics (``infra/topics.toml``) and their idempotent provisioning on a broker."""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
+
+from infra.exceptions import TopicProvisionError
+from infra.settings import Settings
+
+TOPICS_FILE = Path(__file__).resolve().parent / "topics.toml"
+ROLES = ("raw", "ultra", "dlq")
+
+_LIBRDKAFKA_LOG = logging.getLogger("rollstream.infra.librdkafka")
+_LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
+_LIBRDKAFKA_LOG.propagate = False
+
+Action = Literal["created", "altered", "partitions_increased", "unchanged"]
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One declared topic.
+
+    Attributes:
+        role: Its key in topics.toml (``raw``, ``ultra``, ``dlq``); settings map a role to a name.
+        name: The topic name, from ``Settings.<role>_topic``.
+        partitions: Declared partition count; provisioning grows a topic to it, never shrinks.
+        replication: Replication factor, fixed at creation.
+        config: Topic-level Kafka configs as the strings Kafka reports them.
+    """
+
+    role: str
+    name: str
+    partitions: int
+    replication: int
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TopicChange:
+    """What provisioning did to one topic, with a human-readable detail."""
+
+    topic: str
+    action: Action
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.topic}: {self.action}" + (f" ({self.detail})" if self.detail else "")
+
+
+def load_topics(settings: Settings, path: Path = TOPICS_FILE) -> list[TopicSpec]:
+    """Read the topic declarations, named by ``settings``.
+
+    Raises:
+        TopicProvisionError: the file is unreadable, names an unknown role, or a value is malformed.
+    """
+    try:
+        tables = tomllib.loads(path.read_text()).get("topics", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TopicProvisionError(f"cannot read topic declarations {path}: {exc}") from exc
+    unknown = sorted(set(tables) - set(ROLES))
+    if unknown:
+        raise TopicProvisionError(f"{path}: unknown topic role(s) {unknown}; known roles: {list(ROLES)}")
+    return [_spec(role, getattr(settings, f"{role}_topic"), body, path) for role, body in tables.items()]
+
+
+def _spec(role: str, name: str, body: Any, path: Path) -> TopicSpec:
+    where = f"{path} [topics.{role}]"
+    if not isinstance(body, dict) or set(body) - {"partitions", "replication", "config"}:
+        raise TopicProvisionError(f"{where}: expected only partitions, replication and a config table")
+    counts = {key: body.get(key) for key in ("partitions", "replication")}
+    for key, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TopicProvisionError(f"{where}: {key} = {value!r}; give a positive integer")
+    config = body.get("config", {})
+    if not isinstance(config, dict):
+        raise TopicProvisionError(f"{where}: config must be a table of Kafka topic configs")
+    strings = {key: _kafka_string(value) for key, value in config.items()}
+    return TopicSpec(role, name, int(body["partitions"]), int(body["replication"]), strings)
+
+
+def _kafka_string(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def max_message_bytes(specs: Iterable[TopicSpec], floor: int = 1_048_588) -> int:
+    """The broker-wide ``message.max.bytes`` that admits every declared topic's largest batch."""
+    return max([floor, *(int(spec.config.get("max.message.bytes", floor)) for spec in specs)])
+
+
+def admin_client(bootstrap_servers: str) -> AdminClient:
+    """An AdminClient whose librdkafka chatter (connection refused while a broker starts) stays quiet."""
+    return AdminClient({"bootstrap.servers": bootstrap_servers}, logger=_LIBRDKAFKA_LOG)
+
+
+def provision_topics(
+    admin: AdminClient, specs: Iterable[TopicSpec], timeout: float = 30.0
+) -> list[TopicChange]:
+    """Bring the broker in line with ``specs``: create, alter configs, grow partitions.
+
+    Every topic is handled before any error is raised, so one bad topic does not block the rest.
+
+    Raises:
+        TopicProvisionError: a topic has more partitions or another replication factor than
+            declared (Kafka cannot shrink or re-replicate here), or the broker refused a request.
+    """
+    specs = list(specs)
+    metadata = admin.list_topics(timeout=timeout).topics
+    changes: list[TopicChange] = []
+    problems: list[str] = []
+    missing = [spec for spec in specs if spec.name not in metadata]
+    existing = [spec for spec in specs if spec.name in metadata]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, s.partitions, s.replication, config=dict(s.config)) for s in missing],
+            request_timeout=timeout,
+        )
+        for spec in missing:
+            try:
+                futures[spec.name].result(timeout=timeout)
+                changes.append(TopicChange(spec.name, "created", f"{spec.partitions} partitions"))
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    problems.append(f"{spec.name}: create failed: {exc.args[0].str()}")
+                else:
+                    existing.append(spec)
+    if existing:
+        metadata = admin.list_topics(timeout=timeout).topics
+        for spec in existing:
+            _reconcile(admin, spec, metadata[spec.name], timeout, changes, problems)
+    if problems:
+        raise TopicProvisionError("topics not as declared in topics.toml:\n  " + "\n  ".join(problems))
+    return changes
+
+
+def _reconcile(
+    admin: AdminClient,
+    spec: TopicSpec,
+    meta: Any,
+    timeout: float,
+    changes: list[TopicChange],
+    problems: list[str],
+) -> None:
+    actual_partitions = len(meta.partitions)
+    replication = len(next(iter(meta.partitions.values())).replicas) if meta.partitions else 0
+    if replication != spec.replication:
+        problems.append(
+            f"{spec.name}: replication factor is {replication}, declared {spec.replication}; "
+            "reassign its partitions or delete and recreate the topic"
+        )
+    if actual_partitions > spec.partitions:
+        problems.append(
+            f"{spec.name}: has {actual_partitions} partitions, declared {spec.partitions}; Kafka cannot "
+            f"remove partitions: declare {actual_partitions} or delete and recreate the topic"
+        )
+    done: list[str] = []
+    differing = _differing_configs(admin, spec, timeout)
+    if differing:
+        entries = [
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in differing.items()
+        ]
+        resource = ConfigResource(ResourceType.TOPIC, spec.name, incremental_configs=entries)
+        try:
+            admin.incremental_alter_configs([resource], request_timeout=timeout)[resource].result(
+                timeout=timeout
+            )
+            changes.append(
+                TopicChange(spec.name, "altered", ", ".join(f"{k}={v}" for k, v in differing.items()))
+            )
+            done.append("altered")
+        except KafkaException as exc:
+            problems.append(f"{spec.name}: altering {sorted(differing)} failed: {exc.args[0].str()}")
+    if actual_partitions < spec.partitions:
+        try:
+            admin.create_partitions([NewPartitions(spec.name, spec.partitions)], request_timeout=timeout)[
+                spec.name
+            ].result(timeout=timeout)
+            changes.append(
+                TopicChange(spec.name, "partitions_increased", f"{actual_partitions} -> {spec.partitions}")
+            )
+            done.append("grown")
+        except KafkaException as exc:
+            problems.append(
+                f"{spec.name}: growing to {spec.partitions} partitions failed: {exc.args[0].str()}"
+            )
+    if not done:
+        changes.append(TopicChange(spec.name, "unchanged"))
+
+
+def _differing_configs(admin: AdminClient, spec: TopicSpec, timeout: float) -> dict[str, str]:
+    """Declared configs whose value on the broker differs."""
+    current = describe_topic_configs(admin, spec.name, timeout)
+    return {key: value for key, value in spec.config.items() if current.get(key) != value}
+
+
+def describe_topic_configs(admin: AdminClient, topic: str, timeout: float = 30.0) -> dict[str, str]:
+    """A topic's effective configs as strings, as Kafka reports them."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}

@@ -1,0 +1,134 @@
+"""Settings fold defaults, a TOML file, ROLLSTREAM_* variables and overrides, in that order."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from infra.broker import render_properties
+from infra.exceptions import SettingsError
+from infra.settings import Settings
+from infra.topics import load_topics, max_message_bytes
+from schemas.exceptions import RollstreamError
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Run every test in an empty directory with no ROLLSTREAM_* settings from the caller."""
+    for name in list(os.environ):
+        if name.startswith("ROLLSTREAM_") and name != "ROLLSTREAM_CACHE":
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults_are_absolute_and_derived_from_state_dir(tmp_path: Path) -> None:
+    settings = Settings.load()
+    assert settings.state_dir == tmp_path / ".rollstream"
+    assert settings.lake_dir == tmp_path / ".rollstream" / "lake"
+    assert settings.tracking_uri == f"sqlite:///{tmp_path}/.rollstream/mlflow.db"
+    assert settings.bootstrap_servers == "127.0.0.1:9092"
+    assert (settings.controller_port, settings.kafka_version, settings.mlflow_port) == (9093, "4.1.1", 5000)
+    assert (settings.raw_topic, settings.ultra_topic, settings.dlq_topic) == (
+        "rollouts.raw",
+        "rollouts.ultra",
+        "rollouts.dlq",
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.kafka_port = 1  # type: ignore[misc]
+
+
+def test_file_then_env_then_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config_dir = tmp_path / "conf"
+    config_dir.mkdir()
+    config = config_dir / "stack.toml"
+    config.write_text(
+        '[rollstream]\nkafka_port = 1111\nkafka_heap = "2g"\nstate_dir = "state"\nraw_topic = "file.raw"\n'
+        "mlflow_port = 5111\n\n[other_tool]\nignored = true\n"
+    )
+    monkeypatch.setenv("ROLLSTREAM_KAFKA_PORT", "2222")
+    monkeypatch.setenv("ROLLSTREAM_RAW_TOPIC", "env.raw")
+    monkeypatch.setenv("ROLLSTREAM_PYTHON", "python3")  # a script's variable, not a setting
+    settings = Settings.load(config, kafka_port=3333, raw_topic=None, dlq_topic="override.dlq")
+    assert settings.kafka_port == 3333  # override beats env beats file
+    assert settings.raw_topic == "env.raw"  # None override is ignored, env beats file
+    assert settings.kafka_heap == "2g"  # only the file set it
+    assert settings.mlflow_port == 5111
+    assert settings.dlq_topic == "override.dlq"
+    assert settings.state_dir == config_dir / "state"  # relative to the file, not the cwd
+    assert settings.lake_dir == config_dir / "state" / "lake"
+    assert settings.tracking_uri == f"sqlite:///{config_dir}/state/mlflow.db"
+
+
+def test_default_file_top_level_keys_and_bootstrap_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "rollstream.toml").write_text('kafka_host = "127.0.0.2"\nlake_dir = "/data/lake"\n')
+    monkeypatch.setenv("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.3:19092")
+    monkeypatch.setenv("ROLLSTREAM_STATE_DIR", str(tmp_path / "envstate"))
+    settings = Settings.load(controller_port=29093)
+    assert settings.bootstrap_servers == "127.0.0.3:19092"
+    assert settings.lake_dir == Path("/data/lake")  # set explicitly, so it does not follow state_dir
+    assert settings.state_dir == tmp_path / "envstate"
+    assert settings.tracking_uri == f"sqlite:///{tmp_path}/envstate/mlflow.db"
+    assert settings.controller_port == 29093
+    assert Settings.load(kafka_port=9999).bootstrap_servers == "127.0.0.3:9999"
+
+
+def test_unknown_key_in_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "rollstream.toml").write_text("[rollstream]\nkafka_prot = 9092\n")
+    with pytest.raises(SettingsError, match=r"unknown setting\(s\) kafka_prot.*known settings: state_dir"):
+        Settings.load()
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "message"),
+    [
+        ("ROLLSTREAM_KAFKA_PORT", "nine", r"ROLLSTREAM_KAFKA_PORT = 'nine' is not an integer"),
+        ("ROLLSTREAM_KAFKA_PORT", "70000", r"kafka_port = 70000 is out of range"),
+        ("ROLLSTREAM_KAFKA_HEAP", "lots", r"kafka_heap = 'lots' is not a JVM size"),
+        ("ROLLSTREAM_BOOTSTRAP_SERVERS", "a:1,b:2", r"expected one 'host:port'"),
+        ("ROLLSTREAM_RAW_TOPIC", "bad topic", r"raw_topic = 'bad topic' is not a valid Kafka topic name"),
+        ("ROLLSTREAM_CONTROLLER_PORT", "9092", r"ports must differ"),
+    ],
+)
+def test_bad_environment_values_are_clear_errors(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(SettingsError, match=message):
+        Settings.load()
+
+
+def test_bad_overrides_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"override: unknown setting\(s\) kafka_hots"):
+        Settings.load(kafka_hots="127.0.0.1")
+    with pytest.raises(SettingsError, match=r"override: kafka_port = True is not an integer"):
+        Settings.load(kafka_port=True)
+    with pytest.raises(SettingsError, match=r"config file .*nope.toml does not exist"):
+        Settings.load(tmp_path / "nope.toml")
+    (tmp_path / "rollstream.toml").write_text("kafka_port = [1\n")
+    with pytest.raises(RollstreamError, match=r"cannot read config file"):
+        Settings.load()
+
+
+def test_topics_follow_settings_and_size_the_broker() -> None:
+    settings = Settings.load(raw_topic="t.raw", ultra_topic="t.ultra", dlq_topic="t.dlq", kafka_port=19092)
+    specs = {spec.role: spec for spec in load_topics(settings)}
+    assert {role: spec.name for role, spec in specs.items()} == {
+        "raw": "t.raw",
+        "ultra": "t.ultra",
+        "dlq": "t.dlq",
+    }
+    assert (specs["raw"].partitions, specs["ultra"].partitions, specs["dlq"].partitions) == (4, 2, 1)
+    assert specs["raw"].config["retention.ms"] == str(7 * 24 * 3600 * 1000)
+    assert specs["dlq"].config["retention.ms"] == str(30 * 24 * 3600 * 1000)
+    assert specs["raw"].config["max.message.bytes"] == str(4 * 1024 * 1024)
+    assert max_message_bytes(specs.values()) == 64 * 1024 * 1024
+    properties = render_properties(settings, specs.values())
+    assert "message.max.bytes=67108864\n" in properties
+    assert "listeners=PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:9093\n" in properties
+    assert "controller.quorum.voters=1@127.0.0.1:9093\n" in properties
+    assert f"log.dirs={settings.state_dir}/kafka/data\n" in properties
