@@ -1,0 +1,29 @@
+"""Errors of the learner side; each subclasses `schemas.RollstreamError` and says what to do."""
+
+from __future__ import annotations
+
+from schemas.exceptions import RollstreamError
+
+
+class ConsumerError(RollstreamError):
+    """Root of the errors raised by `consumers`."""
+
+
+class MissingTableError(ConsumerError):
+    """The trajectories Delta table (or the requested version of it) does not exist."""
+
+
+class ForkedReaderError(ConsumerError):
+    """A table read was attempted in a process forked after deltalake/polars started up."""
+
+
+class EmptySnapshotError(ConsumerError):
+    """The table snapshot holds no rows a learner can train on."""
+
+
+class PolicyInputError(ConsumerError):
+    """A batch does not fit the policy, e.g. a token id outside its vocabulary."""
+
+
+class TrackingError(ConsumerError):
+    """The MLflow tracking configuration is unusable."""

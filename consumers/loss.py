@@ -1,0 +1,41 @@
+"""The policy-gradient surrogate the learner minimizes."""
+
+from __future__ import annotations
+
+import torch
+
+
+def policy_gradient_loss(
+    new_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    old_logprobs: torch.Tensor | None = None,
+    clip_epsilon: float | None = None,
+) -> torch.Tensor:
+    """Token-mean REINFORCE / GRPO surrogate, optionally PPO-clipped.
+
+    Without `clip_epsilon`: `-(A[:, None] * logp * mask).sum() / mask.sum()`, whose gradient is
+    the policy gradient with each sequence's advantage on each of its tokens. With
+    `clip_epsilon` (and `old_logprobs`), the per-token term is
+    `min(r * A, clip(r, 1 - eps, 1 + eps) * A)` with `r = exp(logp - old_logp)`. Clipping only
+    makes sense when `old_logprobs` came from this policy's earlier weights.
+
+    Args:
+        new_logprobs: (B, L) log-probs of the current policy.
+        advantages: (B,) one advantage per sequence.
+        mask: (B, L) True on the tokens that count (response tokens with a prefix).
+        old_logprobs: (B, L) sampling log-probs, needed with `clip_epsilon`.
+        clip_epsilon: PPO clip range; None for the plain surrogate.
+    """
+    weights = mask.to(new_logprobs.dtype)
+    per_sequence = advantages.to(new_logprobs.dtype)[:, None]
+    if clip_epsilon is None:
+        per_token = per_sequence * new_logprobs
+    else:
+        if old_logprobs is None:
+            raise ValueError("clip_epsilon needs old_logprobs: the ratio is exp(new - old)")
+        ratio = torch.exp((new_logprobs - old_logprobs) * weights)
+        clipped = ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon)
+        per_token = torch.minimum(ratio * per_sequence, clipped * per_sequence)
+    return -(per_token * weights).sum() / weights.sum().clamp(min=1.0)
