@@ -1,0 +1,37 @@
+"""The stream stage: decode, validate, verify, bucket and normalize trajectories into Delta."""
+
+from stream_processors.app import create_app
+from stream_processors.bucketing import DEFAULT_EDGES, OVERFLOW_BUCKET, bucket_for, buckets_for
+from stream_processors.dead_letters import DEAD_LETTERS_SCHEMA, DeadLetter, DeadLetters
+from stream_processors.delta_sink import TRAJECTORIES_SCHEMA, DeltaSink
+from stream_processors.offsets import Coordinates, table_uri, txn_app_id
+from stream_processors.processing import BatchProcessor, ProcessedBatch, SourceMessage
+from stream_processors.rows import ScoredTrajectory
+from stream_processors.stage import BatchStats, Stage
+from stream_processors.validation import TokenArrays, validate
+from stream_processors.worker import run_worker
+
+__all__ = [
+    "DEAD_LETTERS_SCHEMA",
+    "DEFAULT_EDGES",
+    "OVERFLOW_BUCKET",
+    "TRAJECTORIES_SCHEMA",
+    "BatchProcessor",
+    "BatchStats",
+    "Coordinates",
+    "DeadLetter",
+    "DeadLetters",
+    "DeltaSink",
+    "ProcessedBatch",
+    "ScoredTrajectory",
+    "SourceMessage",
+    "Stage",
+    "TokenArrays",
+    "bucket_for",
+    "buckets_for",
+    "create_app",
+    "run_worker",
+    "table_uri",
+    "txn_app_id",
+    "validate",
+]

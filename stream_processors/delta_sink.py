@@ -1,0 +1,152 @@
+"""The trajectories Delta table: scored rows appended exactly once per Kafka offset.
+
+Token and logprob columns are built from the packed buffers by offsets (one concatenated numpy
+array per column), never from per-token Python objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from stream_processors.exceptions import SinkError
+from stream_processors.offsets import Coordinates, TxnTable
+from stream_processors.rows import ScoredTrajectory
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+TRAJECTORIES_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("group_id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("group_size", pa.int32()),
+        ("domain", pa.string()),
+        ("task_type", pa.string()),
+        ("policy_version", pa.int64()),
+        ("prompt_tokens", pa.list_(pa.int32())),
+        ("response_tokens", pa.list_(pa.int32())),
+        ("response_logprobs", pa.list_(pa.float32())),
+        ("response_text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("worker_id", pa.string()),
+        ("created_at", TIMESTAMP),
+        ("metadata", pa.map_(pa.string(), pa.string())),
+        ("reward", pa.float64()),
+        ("verifier", pa.string()),
+        ("verifier_status", pa.string()),
+        ("domain_reward", pa.float64()),
+        ("advantage", pa.float64()),
+        ("length", pa.int32()),
+        ("bucket", pa.int32()),
+        ("ingested_at", TIMESTAMP),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+    ]
+)
+
+_MAX_LIST_VALUES = 2**31 - 1
+
+
+def list_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.DataType) -> pa.ListArray:
+    """A list<value_type> column from per-row numpy arrays: one concatenation plus int32 offsets."""
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > _MAX_LIST_VALUES:
+        raise SinkError(
+            f"one batch holds {offsets[-1]} {value_type} values, more than a list column's int32 "
+            "offsets allow: lower batch_size"
+        )
+    values = np.concatenate(arrays) if arrays else np.empty(0, dtype=value_type.to_pandas_dtype())
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+
+
+def trajectories_table(
+    rows: Sequence[ScoredTrajectory], coordinates: Sequence[Coordinates], ingested_at: datetime
+) -> pa.Table:
+    """Build the Arrow table of `rows`, in TRAJECTORIES_SCHEMA's column order."""
+    records = [r.record for r in rows]
+
+    def strings(field: str) -> pa.Array:
+        return pa.array([rec[field] for rec in records], pa.string())
+
+    columns = {
+        "trajectory_id": strings("trajectory_id"),
+        "group_id": strings("group_id"),
+        "sample_index": pa.array([rec["sample_index"] for rec in records], pa.int32()),
+        "group_size": pa.array([rec["group_size"] for rec in records], pa.int32()),
+        "domain": strings("domain"),
+        "task_type": strings("task_type"),
+        "policy_version": pa.array([rec["policy_version"] for rec in records], pa.int64()),
+        "prompt_tokens": list_column([r.tokens.prompt_tokens for r in rows], pa.int32()),
+        "response_tokens": list_column([r.tokens.response_tokens for r in rows], pa.int32()),
+        "response_logprobs": list_column([r.tokens.response_logprobs for r in rows], pa.float32()),
+        "response_text": pa.array([rec.get("response_text", "") for rec in records], pa.string()),
+        "finish_reason": strings("finish_reason"),
+        "worker_id": strings("worker_id"),
+        "created_at": pa.array([rec["created_at"] for rec in records], TIMESTAMP),
+        "metadata": pa.array(
+            [list((rec.get("metadata") or {}).items()) for rec in records], pa.map_(pa.string(), pa.string())
+        ),
+        "reward": pa.array([r.verdict.reward for r in rows], pa.float64()),
+        "verifier": pa.array([r.verdict.verifier for r in rows], pa.string()),
+        "verifier_status": pa.array([r.verdict.status for r in rows], pa.string()),
+        "domain_reward": pa.array([r.domain_reward for r in rows], pa.float64()),
+        "advantage": pa.array([r.advantage for r in rows], pa.float64()),
+        "length": pa.array([r.length for r in rows], pa.int32()),
+        "bucket": pa.array([r.bucket for r in rows], pa.int32()),
+        "ingested_at": pa.array([ingested_at] * len(rows), TIMESTAMP),
+        "topic": pa.array([c.topic for c in coordinates], pa.string()),
+        "partition": pa.array([c.partition for c in coordinates], pa.int32()),
+        "offset": pa.array([c.offset for c in coordinates], pa.int64()),
+    }
+    return pa.Table.from_pydict(columns, schema=TRAJECTORIES_SCHEMA)
+
+
+class DeltaSink:
+    """Appends scored trajectories to <lake>/trajectories, partitioned by bucket, once per offset.
+
+    Args:
+        table_uri: where the table lives (created on the first write).
+        app_id: names the txn versions that hold the written offsets; keep it stable.
+        storage_options: passed through to deltalake for object stores.
+    """
+
+    def __init__(
+        self,
+        table_uri: Path | str,
+        *,
+        app_id: str = "rollstream-processor",
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
+        self.table = TxnTable(
+            str(table_uri), app_id=app_id, partition_by=["bucket"], storage_options=storage_options
+        )
+
+    @property
+    def uri(self) -> str:
+        """The table's location."""
+        return self.table.uri
+
+    def stored_offset(self, topic: str, partition: int) -> int | None:
+        """The highest offset of (topic, partition) already written, or None."""
+        return self.table.stored_offset(topic, partition)
+
+    def write(self, rows: Sequence[ScoredTrajectory], coordinates: Sequence[Coordinates]) -> int:
+        """Append the rows whose offsets are not yet stored; returns how many were written."""
+        if len(rows) != len(coordinates):
+            raise ValueError(f"rows and coordinates must be parallel, got {len(rows)} and {len(coordinates)}")
+        if not rows:
+            return 0
+        now = datetime.now(UTC)
+        return self.table.append(
+            coordinates,
+            lambda keep: trajectories_table([rows[i] for i in keep], [coordinates[i] for i in keep], now),
+        )

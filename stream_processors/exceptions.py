@@ -1,0 +1,45 @@
+"""Errors of the stream stage; every one is a `RollstreamError` and names the bad value."""
+
+from __future__ import annotations
+
+from schemas.exceptions import RollstreamError
+
+
+class StreamProcessorError(RollstreamError):
+    """Root of the stream processors' errors."""
+
+
+class InvalidRecordError(StreamProcessorError):
+    """A decoded trajectory breaks a rule the schema cannot express; it becomes a dead letter."""
+
+
+class PackedBufferError(InvalidRecordError):
+    """A packed token or logprob buffer does not hold whole 4-byte elements."""
+
+
+class LengthMismatchError(InvalidRecordError):
+    """Two sequences that must pair up element by element have different lengths."""
+
+
+class NonFiniteValueError(InvalidRecordError):
+    """A reward or logprob is NaN or infinite."""
+
+
+class GroupIndexError(InvalidRecordError):
+    """`group_size` or `sample_index` is out of range."""
+
+
+class EmptyIdError(InvalidRecordError):
+    """An id field (trajectory_id, group_id) is empty."""
+
+
+class UnknownTaskTypeError(InvalidRecordError):
+    """No verifier is registered for the record's task_type."""
+
+
+class VerifierInputError(InvalidRecordError):
+    """The record lacks what its verifier needs (expected_answer, gold_fields, precomputed_reward)."""
+
+
+class SinkError(StreamProcessorError):
+    """A Delta table or the dead-letter topic refused a write."""

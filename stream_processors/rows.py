@@ -1,0 +1,35 @@
+"""What the stream stage computes for one trajectory, before it becomes a Delta row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stream_processors.validation import TokenArrays
+from stream_processors.verifiers.base import Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredTrajectory:
+    """A decoded, validated, judged trajectory with its bucket and normalized rewards.
+
+    Attributes:
+        record: the decoded Avro record (`schemas.TrajectoryRecord` shape).
+        tokens: its packed sequences as numpy views.
+        verdict: the verifier's judgement.
+        bucket: upper edge of its length bucket.
+        advantage: reward normalized within its group (see advantages.py).
+        domain_reward: reward normalized within its domain (for now the reward itself).
+    """
+
+    record: dict[str, Any]
+    tokens: TokenArrays
+    verdict: Verdict
+    bucket: int
+    advantage: float
+    domain_reward: float
+
+    @property
+    def length(self) -> int:
+        """Prompt plus response tokens."""
+        return self.tokens.length

@@ -1,0 +1,79 @@
+"""Semantic checks on a decoded trajectory, the rules Avro cannot express.
+
+Each failure raises a specific `InvalidRecordError` naming the field and its value, so the dead
+letter's reason tells the producer exactly what to fix (schemas/WIRE_FORMAT.md states the rules).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas import DecodeError, unpack_float32, unpack_int32
+from stream_processors.exceptions import (
+    EmptyIdError,
+    GroupIndexError,
+    LengthMismatchError,
+    NonFiniteValueError,
+    PackedBufferError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenArrays:
+    """The packed sequences of one trajectory, viewed as numpy arrays without a copy."""
+
+    prompt_tokens: npt.NDArray[np.int32]
+    response_tokens: npt.NDArray[np.int32]
+    response_logprobs: npt.NDArray[np.float32]
+
+    @property
+    def length(self) -> int:
+        """Prompt plus response tokens: what the bucket is chosen by."""
+        return len(self.prompt_tokens) + len(self.response_tokens)
+
+
+def _unpack_int32(record: Mapping[str, Any], field: str) -> npt.NDArray[np.int32]:
+    try:
+        return unpack_int32(record[field])
+    except DecodeError as exc:
+        raise PackedBufferError(f"{field}: {exc}") from exc
+
+
+def validate(record: Mapping[str, Any]) -> TokenArrays:
+    """Check one decoded record and return its token arrays; raises InvalidRecordError subclasses."""
+    for field in ("trajectory_id", "group_id"):
+        if not str(record[field]).strip():
+            raise EmptyIdError(f"{field}={record[field]!r} is empty: every trajectory needs one")
+    group_size, sample_index = record["group_size"], record["sample_index"]
+    if group_size < 1:
+        raise GroupIndexError(f"group_size={group_size} must be >= 1")
+    if not 0 <= sample_index < group_size:
+        raise GroupIndexError(f"sample_index={sample_index} is outside [0, group_size={group_size})")
+    prompt = _unpack_int32(record, "prompt_tokens")
+    response = _unpack_int32(record, "response_tokens")
+    try:
+        logprobs = unpack_float32(record["response_logprobs"])
+    except DecodeError as exc:
+        raise PackedBufferError(f"response_logprobs: {exc}") from exc
+    if len(logprobs) != len(response):
+        raise LengthMismatchError(
+            f"len(response_logprobs)={len(logprobs)} != len(response_tokens)={len(response)}: "
+            "send one logprob per response token"
+        )
+    finite = np.isfinite(logprobs)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        raise NonFiniteValueError(
+            f"response_logprobs[{bad}]={float(logprobs[bad])!r} is not finite "
+            f"({int((~finite).sum())} of {len(logprobs)} are not): logprobs must be real numbers"
+        )
+    reward = record.get("precomputed_reward")
+    if reward is not None and not math.isfinite(reward):
+        raise NonFiniteValueError(f"precomputed_reward={reward!r} is not finite: send a real number or null")
+    return TokenArrays(prompt, response, logprobs)

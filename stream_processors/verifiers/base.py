@@ -1,0 +1,47 @@
+"""The verifier protocol: a record in, a `Verdict` out.
+
+A verifier judges one decoded trajectory. It raises `VerifierInputError` when the record lacks
+what it needs (a producer bug: the record becomes a dead letter) and otherwise always returns a
+verdict, failing closed (reward 0.0) on responses it cannot read.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+VerdictStatus = Literal["ok", "fail", "error", "timeout", "skipped"]
+STATUSES: frozenset[str] = frozenset({"ok", "fail", "error", "timeout", "skipped"})
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A verifier's judgement of one trajectory.
+
+    Attributes:
+        reward: the scalar reward, finite.
+        status: "ok" (verified, passed), "fail" (verified, failed), "error" (could not judge),
+            "timeout", or "skipped" (no verifier runs for this task type yet).
+        verifier: name of the verifier that judged.
+        detail: a short human-readable explanation, or None.
+    """
+
+    reward: float
+    status: VerdictStatus
+    verifier: str
+    detail: str | None = None
+
+
+class Verifier(ABC):
+    """Judges trajectories of one task family; subclasses set `name` and implement `verify`."""
+
+    name: str = "verifier"
+
+    @abstractmethod
+    def verify(self, record: Mapping[str, Any]) -> Verdict:
+        """Judge one decoded trajectory record (see `schemas.TrajectoryRecord`)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,388 @@
+"""End to end: rollouts published to a real broker, the worker as a subprocess, Delta on disk.
+
+Proves the stream stage's guarantees: every message becomes exactly one row or one dead letter
+(with its reason and raw bytes, also on the dead-letter topic), SIGTERM stops the worker cleanly,
+and a second worker under a NEW consumer group (which re-reads the topic from the start) writes
+nothing, because the offsets stored in Delta win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from deltalake import DeltaTable
+
+from producers.fleet import SyntheticFleet
+from schemas import TrajectoryCodec, pack_float32, pack_int32
+from stream_processors import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA, bucket_for, txn_app_id
+
+REPO = Path(__file__).resolve().parents[1]
+VALID = 1200
+RAW_PARTITIONS = 4
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def group_name(admin):
+    """Unique consumer group names for one test, deleted from the broker afterwards."""
+    made: list[str] = []
+
+    def make(prefix: str) -> str:
+        made.append(f"{prefix}-{uuid.uuid4().hex[:8]}")
+        return made[-1]
+
+    yield make
+    for future in admin.delete_consumer_groups(made).values() if made else ():
+        with contextlib.suppress(Exception):  # a group that never committed does not exist
+            future.result(timeout=30)
+
+
+def malformed(codec: TrajectoryCodec, good: dict) -> list[tuple[str, bytes]]:
+    """(expected error_type, value) for each kind of bad input the stage must dead-letter."""
+    valid = codec.encode(good)
+
+    def variant(**changes: object) -> bytes:
+        return codec.encode({**good, "trajectory_id": str(uuid.uuid4()), **changes})
+
+    return [
+        ("DecodeError", b"definitely not avro"),
+        ("UnknownSchemaError", b"\xc3\x01" + b"\x11" * 8 + valid[10:]),
+        ("DecodeError", valid[: len(valid) // 2]),
+        ("DecodeError", valid + b"\x00\x01"),
+        ("PackedBufferError", variant(response_tokens=b"\x01\x00\x00\x00\x02\x00\x00")),
+        ("LengthMismatchError", variant(response_logprobs=pack_float32([-0.5]))),
+        ("NonFiniteValueError", variant(task_type="precomputed", precomputed_reward=math.nan)),
+        (
+            "NonFiniteValueError",
+            variant(response_tokens=pack_int32([1, 2]), response_logprobs=pack_float32([-1.0, math.inf])),
+        ),
+        ("GroupIndexError", variant(sample_index=9, group_size=4)),
+        ("UnknownTaskTypeError", variant(task_type="poetry")),
+        ("EmptyIdError", variant(trajectory_id="")),
+        ("VerifierInputError", variant(task_type="math", expected_answer=None)),
+    ]
+
+
+def publish(
+    bootstrap_servers: str, topic: str, messages: list[tuple[bytes | None, bytes]]
+) -> dict[tuple[int, int], bytes]:
+    """Publish and return {(partition, offset): value} from the delivery reports."""
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all"})
+    delivered: dict[tuple[int, int], bytes] = {}
+    errors: list[str] = []
+
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            delivered[(msg.partition(), msg.offset())] = msg.value()
+
+    for key, value in messages:
+        producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    assert not errors
+    assert len(delivered) == len(messages)
+    return delivered
+
+
+def start_worker(
+    bootstrap_servers: str, lake: Path, raw: str, dlq: str, app_id: str, group: str, log: Path
+) -> subprocess.Popen:
+    args = [
+        sys.executable, "-m", "stream_processors",
+        "--bootstrap-servers", bootstrap_servers, "--lake-dir", str(lake),
+        "--raw-topic", raw, "--dlq-topic", dlq, "--app-id", app_id, "--group-id", group,
+        "--batch-size", "250", "--batch-within-s", "0.5", "--loglevel", "info",
+    ]  # fmt: skip
+    return subprocess.Popen(args, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def stop_worker(proc: subprocess.Popen, log: Path) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise AssertionError(f"worker ignored SIGTERM for 60 s; log:\n{log.read_text()[-3000:]}") from None
+
+
+def table_rows(uri: Path) -> int:
+    if not DeltaTable.is_deltatable(str(uri)):
+        return 0
+    return pl.scan_delta(str(uri)).select(pl.len()).collect().item()
+
+
+def wait_for(predicate, timeout_s: float, proc: subprocess.Popen, log: Path, what: str) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"worker exited with {proc.returncode} before {what}; log:\n{log.read_text()[-4000:]}"
+            )
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; log:\n{log.read_text()[-4000:]}")
+
+
+def group_caught_up(bootstrap_servers: str, group: str, topic: str) -> bool:
+    """True when `group` has committed the end offset of every partition of `topic`."""
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    try:
+        committed = probe.committed([TopicPartition(topic, p) for p in range(RAW_PARTITIONS)], timeout=10)
+        for tp in committed:
+            _, high = probe.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            if tp.offset < high:
+                return False
+        return True
+    finally:
+        probe.close()
+
+
+def read_dlq(bootstrap_servers: str, topic: str, expected: int, timeout_s: float = 30.0) -> list:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"dlq-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])  # no group membership, nothing to clean up
+    out = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+    finally:
+        consumer.close()
+    return out
+
+
+def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic, group_name, tmp_path):
+    raw = make_topic("stream-raw", partitions=RAW_PARTITIONS)
+    dlq = make_topic("stream-dlq", partitions=1)
+    lake = tmp_path / "lake"
+    app_id = f"test-processor-{uuid.uuid4().hex[:8]}"
+    group1, group2 = group_name("stream-e2e-g1"), group_name("stream-e2e-g2")
+    codec = TrajectoryCodec()
+    records = list(SyntheticFleet(seed=7, group_size=4).trajectories(VALID))
+    bad = malformed(codec, records[0])
+    messages: list[tuple[bytes | None, bytes]] = [(r["group_id"].encode(), codec.encode(r)) for r in records]
+    for i, (_, value) in enumerate(bad):
+        messages.insert(37 * (i + 1), (f"bad-{i}".encode(), value))
+    published = len(messages)
+    t_publish = time.monotonic()
+    sent = publish(bootstrap_servers, raw, messages)
+    publish_s = time.monotonic() - t_publish
+    payload_mb = sum(len(v) for _, v in messages) / 1e6
+
+    traj_uri, dl_uri = lake / "trajectories", lake / "dead_letters"
+    log1 = tmp_path / "worker1.log"
+    t_start = time.monotonic()
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, group1, log1)
+    try:
+        first = wait_for(lambda: table_rows(traj_uri) > 0, 120, proc, log1, "the first row")
+        done = wait_for(
+            lambda: table_rows(traj_uri) + table_rows(dl_uri) >= published, 120, proc, log1, "all messages"
+        )
+        wait_for(lambda: group_caught_up(bootstrap_servers, group1, raw), 60, proc, log1, "offset commit")
+    finally:
+        code = stop_worker(proc, log1) if proc.poll() is None else proc.returncode
+    assert code == 0, log1.read_text()[-3000:]
+    rate_total = published / (done - t_start)
+    rate_steady = published / max(done - first, 1e-3)
+    print(
+        f"\npublished {published} messages ({payload_mb:.1f} MB) in {publish_s:.2f}s; worker start to all in Delta "
+        f"{done - t_start:.1f}s ({rate_total:.0f} rec/s incl. startup), first row to last "
+        f"{done - first:.2f}s ({rate_steady:.0f} rec/s)"
+    )
+
+    rows = pl.read_delta(str(traj_uri))
+    letters = pl.read_delta(str(dl_uri))
+    assert rows.height + letters.height == published
+    assert rows.height == VALID and letters.height == len(bad)
+    assert rows["trajectory_id"].n_unique() == rows.height
+    assert set(rows["trajectory_id"]) == {r["trajectory_id"] for r in records}
+
+    # Table schemas are exactly the contract's.
+    assert pa.schema(DeltaTable(str(traj_uri)).schema().to_arrow()).remove_metadata() == TRAJECTORIES_SCHEMA
+    assert pa.schema(DeltaTable(str(dl_uri)).schema().to_arrow()).remove_metadata() == DEAD_LETTERS_SCHEMA
+
+    # Lineage: each row's coordinates hold exactly the bytes of its record.
+    by_id = {r["trajectory_id"]: r for r in records}
+    for row in rows.select("trajectory_id", "partition", "offset").iter_rows():
+        assert codec.decode(sent[(row[1], row[2])])["trajectory_id"] == row[0]
+
+    # Rewards agree with the fleet's ground truth; code is skipped, never executed.
+    for tid, task, reward, status, length, bucket in rows.select(
+        "trajectory_id", "task_type", "reward", "verifier_status", "length", "bucket"
+    ).iter_rows():
+        record = by_id[tid]
+        assert length == (len(record["prompt_tokens"]) + len(record["response_tokens"])) // 4
+        assert bucket == bucket_for(length)
+        if task == "code":
+            assert status == "skipped" and reward == 0.0
+        else:
+            assert reward == pytest.approx(float(record["metadata"]["synthetic_score"]), abs=1e-5)
+    sample = rows.filter(pl.col("trajectory_id") == records[5]["trajectory_id"]).row(0, named=True)
+    assert sample["response_tokens"] == np.frombuffer(records[5]["response_tokens"], "<i4").tolist()
+    assert sample["response_logprobs"] == pytest.approx(
+        np.frombuffer(records[5]["response_logprobs"], "<f4").tolist()
+    )
+    buckets = {int(p["bucket"]) for p in DeltaTable(str(traj_uri)).partitions()}
+    assert buckets == set(rows["bucket"].unique()) and len(buckets) >= 3
+    assert all((traj_uri / f"bucket={b}").is_dir() for b in buckets)
+
+    # Dead letters: reason, error type and the raw bytes that were sent, at their coordinates.
+    expected_types = sorted(t for t, _ in bad)
+    assert sorted(letters["error_type"]) == expected_types
+    for reason, raw_bytes, part, off in letters.select("reason", "raw", "partition", "offset").iter_rows():
+        assert reason
+        assert raw_bytes == sent[(part, off)]
+    assert set(letters["topic"]) == {raw}
+    dlq_messages = read_dlq(bootstrap_servers, dlq, len(bad))
+    assert len(dlq_messages) == len(bad)
+    for msg in dlq_messages:
+        headers = dict(msg.headers())
+        coords = (int(headers["source_partition"]), int(headers["source_offset"]))
+        assert headers["source_topic"].decode() == raw
+        assert headers["reason"] and headers["error_type"]
+        assert msg.value() == sent[coords]
+
+    # Offsets are stored in Delta for every partition that had rows.
+    dt = DeltaTable(str(traj_uri))
+    for part in range(RAW_PARTITIONS):
+        max_row_offset = rows.filter(pl.col("partition") == part)["offset"].max()
+        assert dt.transaction_version(txn_app_id(app_id, raw, part)) == max_row_offset
+
+    # A new consumer group re-reads everything from offset 0; Delta's offsets make it write nothing.
+    traj_version, dl_version = DeltaTable(str(traj_uri)).version(), DeltaTable(str(dl_uri)).version()
+    log2 = tmp_path / "worker2.log"
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, group2, log2)
+    try:
+        wait_for(lambda: group_caught_up(bootstrap_servers, group2, raw), 120, proc, log2, "the replay")
+    finally:
+        code = stop_worker(proc, log2) if proc.poll() is None else proc.returncode
+    assert code == 0, log2.read_text()[-3000:]
+    assert DeltaTable(str(traj_uri)).version() == traj_version
+    assert DeltaTable(str(dl_uri)).version() == dl_version
+    assert table_rows(traj_uri) == VALID and table_rows(dl_uri) == len(bad)
+    assert len(read_dlq(bootstrap_servers, dlq, len(bad), timeout_s=5)) == len(bad)
+    assert f"replays skipped {published}" in log2.read_text()
+
+
+def committed_offsets(bootstrap_servers: str, group: str, topic: str) -> dict[int, int]:
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    try:
+        committed = probe.committed([TopicPartition(topic, p) for p in range(RAW_PARTITIONS)], timeout=10)
+        return {tp.partition: tp.offset for tp in committed}
+    finally:
+        probe.close()
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_worker_stopped_mid_stream_resumes_exactly_once(
+    bootstrap_servers, make_topic, group_name, tmp_path, stop_signal
+):
+    raw = make_topic("stream-raw", partitions=RAW_PARTITIONS)
+    dlq = make_topic("stream-dlq", partitions=1)
+    lake = tmp_path / "lake"
+    app_id = f"test-processor-{uuid.uuid4().hex[:8]}"
+    group = group_name("stream-stop-g")
+    codec = TrajectoryCodec()
+    records = list(SyntheticFleet(seed=11, group_size=4).trajectories(6000))
+    publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in records])
+    traj_uri = lake / "trajectories"
+
+    log1 = tmp_path / "worker1.log"
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, group, log1)
+    try:
+        wait_for(lambda: table_rows(traj_uri) > 0, 120, proc, log1, "the first row")
+        time.sleep(0.3)
+        proc.send_signal(stop_signal)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    written = table_rows(traj_uri)
+    assert 0 < written < len(records), "stop the worker mid-stream: publish more records"
+    if stop_signal == signal.SIGTERM:
+        assert code == 0, log1.read_text()[-3000:]
+    # Faust never committed an offset whose row is not in Delta.
+    dt = DeltaTable(str(traj_uri))
+    for part, offset in committed_offsets(bootstrap_servers, group, raw).items():
+        stored = dt.transaction_version(txn_app_id(app_id, raw, part))
+        assert offset < 0 or (stored is not None and offset <= stored + 1), (part, offset, stored)
+
+    # After SIGTERM the worker left its group, so the same group resumes at once from its commits.
+    # A SIGKILLed member holds its partitions until its session times out (60 s), so that restart
+    # takes a new group: it re-reads from offset 0 and Delta's offsets drop what was written.
+    restart_group = group if stop_signal == signal.SIGTERM else group_name("stream-stop-restart")
+    log2 = tmp_path / "worker2.log"
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, restart_group, log2)
+    try:
+        wait_for(lambda: table_rows(traj_uri) >= len(records), 120, proc, log2, "all rows")
+        wait_for(
+            lambda: group_caught_up(bootstrap_servers, restart_group, raw), 60, proc, log2, "offset commit"
+        )
+    finally:
+        code = stop_worker(proc, log2) if proc.poll() is None else proc.returncode
+    assert code == 0, log2.read_text()[-3000:]
+    ids = pl.read_delta(str(traj_uri))["trajectory_id"]
+    assert ids.len() == len(records) and ids.n_unique() == len(records)
+    print(f"\n{stop_signal.name}: {written} rows before the stop, {len(records) - written} after the restart")
+
+
+def test_a_batch_that_cannot_be_written_stops_the_worker_without_committing(
+    bootstrap_servers, make_topic, group_name, tmp_path
+):
+    raw = make_topic("stream-raw", partitions=RAW_PARTITIONS)
+    dlq = make_topic("stream-dlq", partitions=1)
+    codec = TrajectoryCodec()
+    publish(
+        bootstrap_servers, raw, [(None, codec.encode(r)) for r in SyntheticFleet(seed=2).trajectories(50)]
+    )
+    (tmp_path / "not-a-dir").write_text("a file where the lake should be")
+    lake = tmp_path / "not-a-dir" / "lake"
+    group = group_name("stream-crash-g")
+    log = tmp_path / "worker.log"
+    args = [
+        sys.executable, "-m", "stream_processors", "--bootstrap-servers", bootstrap_servers,
+        "--lake-dir", str(lake), "--raw-topic", raw, "--dlq-topic", dlq, "--group-id", group,
+        "--write-retries", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    text = log.read_text()
+    assert code != 0
+    assert "could not be written; stopping without acking" in text
+    assert "Could not create local directory" in text
+    assert all(offset < 0 for offset in committed_offsets(bootstrap_servers, group, raw).values())
+    assert not read_dlq(bootstrap_servers, dlq, 1, timeout_s=3)
