@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from confluent_kafka import Consumer, TopicPartition
 
 from infra.exceptions import DemoError
 from infra.settings import Settings
@@ -80,11 +81,45 @@ class DemoSummary:
         )
 
 
-def _count(table_uri: str) -> int:
-    """Rows in a Delta table, 0 when it does not exist yet."""
+OffsetRanges = dict[int, tuple[int, int]]
+
+
+def _high_watermarks(bootstrap_servers: str, topic: str) -> dict[int, int]:
+    """The next offset of every partition of `topic` (which `up` provisioned)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": "rollstream-demo-watermarks",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        # Metadata for every topic: naming one in the request would auto-create it if missing.
+        found = consumer.list_topics(timeout=15).topics.get(topic)
+        if found is None or not found.partitions:
+            raise DemoError(
+                f"topic {topic!r} is not on {bootstrap_servers}: run `rollstream up` to provision it"
+            )
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+            for p in found.partitions
+        }
+    finally:
+        consumer.close()
+
+
+def _count_in(table_uri: str, topic: str, ranges: OffsetRanges) -> int:
+    """Rows of a table whose Kafka coordinates fall in `ranges`; 0 when the table does not exist yet."""
     if not (Path(table_uri) / "_delta_log").is_dir():
         return 0
-    return int(pl.scan_delta(table_uri).select(pl.len()).collect().item())
+    within = pl.lit(False)
+    for partition, (low, high) in ranges.items():
+        if high > low:
+            within |= (pl.col("partition") == partition) & pl.col("offset").is_between(
+                low, high, closed="left"
+            )
+    frame = pl.scan_delta(table_uri).filter((pl.col("topic") == topic) & within).select(pl.len()).collect()
+    return int(frame.item())
 
 
 def _duplicates(table_uri: str) -> int:
@@ -155,9 +190,10 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def process_until_accounted(
-    settings: Settings, *, expected: int, before: tuple[int, int], timeout_s: float, progress: Progress
+    settings: Settings, *, ranges: OffsetRanges, timeout_s: float, progress: Progress
 ) -> tuple[int, int]:
-    """Run `rollstream process` as a child until `expected` new rows + dead letters land."""
+    """Run `rollstream process` as a child until every message in `ranges` is a row or a dead letter."""
+    expected = sum(high - low for low, high in ranges.values())
     table_uri, dlq_uri = str(settings.lake_dir / "trajectories"), str(settings.lake_dir / "dead_letters")
     log_path = settings.state_dir / "logs" / "processor.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +206,8 @@ def process_until_accounted(
         rows = dead = 0
         last = -1
         while True:
-            rows, dead = _count(table_uri) - before[0], _count(dlq_uri) - before[1]
+            rows = _count_in(table_uri, settings.raw_topic, ranges)
+            dead = _count_in(dlq_uri, settings.raw_topic, ranges)
             if rows + dead != last:
                 progress(f"  processed {rows + dead}/{expected} ({rows} rows in Delta, {dead} dead letters)")
                 last = rows + dead
@@ -211,18 +248,25 @@ def run_demo(
     seconds["up"] = time.monotonic() - started
 
     table_uri, dlq_uri = str(settings.lake_dir / "trajectories"), str(settings.lake_dir / "dead_letters")
-    before = (_count(table_uri), _count(dlq_uri))
-
+    # This run's messages are the offsets published between the two watermark readings: the
+    # accounting counts exactly those, whatever the topic and tables held before.
+    before = _high_watermarks(settings.bootstrap_servers, settings.raw_topic)
     started = time.monotonic()
     published = publish_synthetic(
         settings, trajectories=trajectories, seed=seed, bad_fraction=bad_fraction, progress=progress
     )
     seconds["publish"] = time.monotonic() - started
+    after = _high_watermarks(settings.bootstrap_servers, settings.raw_topic)
+    ranges = {p: (before.get(p, 0), high) for p, high in after.items()}
+    in_topic = sum(high - low for low, high in ranges.values())
+    if in_topic != published["published"]:
+        raise DemoError(
+            f"{settings.raw_topic!r} grew by {in_topic} messages while the demo published "
+            f"{published['published']}: another producer is writing to it; stop it or use another --state-dir"
+        )
 
     started = time.monotonic()
-    rows, dead = process_until_accounted(
-        settings, expected=published["published"], before=before, timeout_s=timeout_s, progress=progress
-    )
+    rows, dead = process_until_accounted(settings, ranges=ranges, timeout_s=timeout_s, progress=progress)
     seconds["process"] = time.monotonic() - started
 
     progress(f"learning for {learn_steps} steps from {table_uri}")

@@ -37,8 +37,13 @@ PY
   # A venv's scripts carry its absolute path: rewrite them after the move.
   grep -rlI "$venv.partial" "$venv/bin" | xargs -r sed -i "s#$venv.partial#$venv#g"
   touch "$venv/.complete"
+  # Each environment is several GB: keep this one and the one before it, drop older ones.
+  ls -1dt "$cache"/venv-* 2>/dev/null | grep -v '\.partial$' | tail -n +3 | xargs -r rm -rf
 fi
-"$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo"
+if ! "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" > "$venv/editable-install.log" 2>&1; then
+  cat "$venv/editable-install.log" >&2
+  exit 1
+fi
 export PATH="$venv/bin:$PATH"
 
 job="${1:-}"; shift || true
