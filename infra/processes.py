@@ -86,17 +86,26 @@ def read_pid(pid_file: Path) -> int | None:
 
 
 def is_alive(pid: int) -> bool:
-    """Whether ``pid`` runs; reaps it when it is an exited child of this interpreter."""
+    """Whether ``pid`` runs; reaps it when it is an exited child of this interpreter.
+
+    Every thread is checked, not only the leader: a JVM's main thread can be a zombie while its
+    other threads are still shutting the broker down.
+    """
     if _reap(pid):
         return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    if stat.rpartition(")")[2].split()[0] in {"Z", "X"}:
-        _reap(pid)  # it may have exited after the first attempt
-        return False
-    return True
+    for tid in threads:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[0] not in {"Z", "X"}:
+            return True
+    _reap(pid)  # it may have exited after the first attempt
+    return False
 
 
 def _reap(pid: int) -> bool:
