@@ -45,6 +45,9 @@ if ! "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" >
   exit 1
 fi
 export PATH="$venv/bin:$PATH"
+# Every clone on the machine shares the environment, so this clone's code must win over whichever
+# clone last did the editable install (child processes inherit it too).
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 
 job="${1:-}"; shift || true
 case "$job" in

@@ -10,8 +10,11 @@ from schemas.exceptions import (
 )
 from schemas.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
 from schemas.record import TrajectoryRecord
+from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
 
 __all__ = [
+    "DEAD_LETTERS_SCHEMA",
+    "TRAJECTORIES_SCHEMA",
     "TRAJECTORY_SCHEMA_PATH",
     "DecodeError",
     "EncodeError",

@@ -1,9 +1,10 @@
 """The stream stage: decode, validate, verify, bucket and normalize trajectories into Delta."""
 
+from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
 from stream_processors.app import create_app
 from stream_processors.bucketing import DEFAULT_EDGES, OVERFLOW_BUCKET, bucket_for, buckets_for
-from stream_processors.dead_letters import DEAD_LETTERS_SCHEMA, DeadLetter, DeadLetters
-from stream_processors.delta_sink import TRAJECTORIES_SCHEMA, DeltaSink
+from stream_processors.dead_letters import DeadLetter, DeadLetters
+from stream_processors.delta_sink import DeltaSink
 from stream_processors.offsets import Coordinates, table_uri, txn_app_id
 from stream_processors.processing import BatchProcessor, ProcessedBatch, SourceMessage
 from stream_processors.rows import ScoredTrajectory

@@ -19,23 +19,11 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, Message, Producer
 
+from schemas.tables import DEAD_LETTERS_SCHEMA
 from stream_processors.exceptions import SinkError
 from stream_processors.offsets import Coordinates, TxnTable
 
 log = logging.getLogger(__name__)
-
-DEAD_LETTERS_SCHEMA = pa.schema(
-    [
-        ("reason", pa.string()),
-        ("error_type", pa.string()),
-        ("raw", pa.binary()),
-        ("key", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("failed_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
 
 MAX_REASON_CHARS = 2000
 

@@ -14,42 +14,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from schemas.tables import TIMESTAMP, TRAJECTORIES_SCHEMA
 from stream_processors.exceptions import SinkError
 from stream_processors.offsets import Coordinates, TxnTable
 from stream_processors.rows import ScoredTrajectory
-
-TIMESTAMP = pa.timestamp("us", tz="UTC")
-
-TRAJECTORIES_SCHEMA = pa.schema(
-    [
-        ("trajectory_id", pa.string()),
-        ("group_id", pa.string()),
-        ("sample_index", pa.int32()),
-        ("group_size", pa.int32()),
-        ("domain", pa.string()),
-        ("task_type", pa.string()),
-        ("policy_version", pa.int64()),
-        ("prompt_tokens", pa.list_(pa.int32())),
-        ("response_tokens", pa.list_(pa.int32())),
-        ("response_logprobs", pa.list_(pa.float32())),
-        ("response_text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("worker_id", pa.string()),
-        ("created_at", TIMESTAMP),
-        ("metadata", pa.map_(pa.string(), pa.string())),
-        ("reward", pa.float64()),
-        ("verifier", pa.string()),
-        ("verifier_status", pa.string()),
-        ("domain_reward", pa.float64()),
-        ("advantage", pa.float64()),
-        ("length", pa.int32()),
-        ("bucket", pa.int32()),
-        ("ingested_at", TIMESTAMP),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-    ]
-)
 
 _MAX_LIST_VALUES = 2**31 - 1
 

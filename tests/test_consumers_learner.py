@@ -33,39 +33,10 @@ from consumers import (
     policy_gradient_loss,
     trajectory_loader,
 )
+from schemas.tables import TRAJECTORIES_SCHEMA as TRAJECTORIES
 
 pytestmark = pytest.mark.timeout(120)
 
-TRAJECTORIES = pa.schema(
-    [
-        ("trajectory_id", pa.string()),
-        ("group_id", pa.string()),
-        ("sample_index", pa.int32()),
-        ("group_size", pa.int32()),
-        ("domain", pa.string()),
-        ("task_type", pa.string()),
-        ("policy_version", pa.int64()),
-        ("prompt_tokens", pa.list_(pa.int32())),
-        ("response_tokens", pa.list_(pa.int32())),
-        ("response_logprobs", pa.list_(pa.float32())),
-        ("response_text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("worker_id", pa.string()),
-        ("created_at", pa.timestamp("us", tz="UTC")),
-        ("metadata", pa.map_(pa.string(), pa.string())),
-        ("reward", pa.float64()),
-        ("verifier", pa.string()),
-        ("verifier_status", pa.string()),
-        ("domain_reward", pa.float64()),
-        ("advantage", pa.float64()),
-        ("length", pa.int32()),
-        ("bucket", pa.int32()),
-        ("ingested_at", pa.timestamp("us", tz="UTC")),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-    ]
-)
 STATUSES = ["ok", "fail", "ok", "error", "fail", "timeout", "skipped"]
 
 

@@ -13,9 +13,13 @@ from stream_processors.exceptions import StreamProcessorError
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_app_settings(tmp_path):
+def test_app_settings(tmp_path, bootstrap_servers):
     app = create_app(
-        bootstrap_servers="127.0.0.1:9092", lake_dir=tmp_path, app_id="proc", group_id="grp", raw_partitions=4
+        bootstrap_servers=bootstrap_servers,
+        lake_dir=tmp_path,
+        app_id="proc",
+        group_id="grp",
+        raw_partitions=4,
     )
     assert app.conf.id == "grp"
     assert app.conf.web_enabled is False

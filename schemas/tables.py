@@ -1,0 +1,51 @@
+"""The Delta tables' Arrow schemas: the contract between the stream stage that writes them and
+the learners and analysts that read them. Token sequences are ordinary list columns here.
+"""
+
+import pyarrow as pa
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+TRAJECTORIES_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("group_id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("group_size", pa.int32()),
+        ("domain", pa.string()),
+        ("task_type", pa.string()),
+        ("policy_version", pa.int64()),
+        ("prompt_tokens", pa.list_(pa.int32())),
+        ("response_tokens", pa.list_(pa.int32())),
+        ("response_logprobs", pa.list_(pa.float32())),
+        ("response_text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("worker_id", pa.string()),
+        ("created_at", TIMESTAMP),
+        ("metadata", pa.map_(pa.string(), pa.string())),
+        ("reward", pa.float64()),
+        ("verifier", pa.string()),
+        ("verifier_status", pa.string()),
+        ("domain_reward", pa.float64()),
+        ("advantage", pa.float64()),
+        ("length", pa.int32()),
+        ("bucket", pa.int32()),
+        ("ingested_at", TIMESTAMP),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+    ]
+)
+
+DEAD_LETTERS_SCHEMA = pa.schema(
+    [
+        ("reason", pa.string()),
+        ("error_type", pa.string()),
+        ("raw", pa.binary()),
+        ("key", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("failed_at", TIMESTAMP),
+    ]
+)
