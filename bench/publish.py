@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument(
         "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best counts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -55,7 +56,8 @@ def main() -> None:
     payload_mb = sum(len(v) for _, v in encoded) / 1e6
     run = uuid.uuid4().hex[:8]
     topics = [_topic(admin, f"bench-publish-raw-{run}"), _topic(admin, f"bench-publish-ours-{run}")]
-    try:
+
+    def baseline() -> float:
         producer = Producer(default_config(args.bootstrap_servers, topics[0]))
         start = time.perf_counter()
         for key, value in encoded:
@@ -68,15 +70,24 @@ def main() -> None:
             producer.poll(0)
         if producer.flush(120):
             raise SystemExit("baseline: messages left undelivered")
-        baseline_s = time.perf_counter() - start
+        return time.perf_counter() - start
 
+    def ours() -> float:
         start = time.perf_counter()
         with Publisher(bootstrap_servers=args.bootstrap_servers, topic=topics[1]) as publisher:
             for record in records:
                 publisher.publish(record)
-        ours_s = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
         if publisher.published != len(records):
             raise SystemExit(f"ours: {publisher.published} of {len(records)} acknowledged")
+        return elapsed
+
+    try:
+        # Alternate the two and keep each one's best, so neither pays alone for a cold broker.
+        baseline_s, ours_s = float("inf"), float("inf")
+        for _ in range(args.repeats):
+            baseline_s = min(baseline_s, baseline())
+            ours_s = min(ours_s, ours())
     finally:
         for future in admin.delete_topics(topics).values():
             future.result(timeout=30)
@@ -90,6 +101,7 @@ def main() -> None:
         "payload_mb": payload_mb,
         "ours_mb_per_s": payload_mb / ours_s,
         "trajectories": len(records),
+        "repeats": args.repeats,
     }
     print(
         f"raw confluent-kafka: {figures['baseline_records_per_s']:.0f} trajectories/s ({payload_mb / baseline_s:.0f} MB/s)"
