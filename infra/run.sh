@@ -3,6 +3,7 @@
 #   bash infra/run.sh demo [demo args...]   the end-to-end demo on a local broker, lake and tracking store
 #   bash infra/run.sh test [pytest args...] ruff, mypy, then the test suite against real services
 #   bash infra/run.sh env                   only install; prints the virtual environment's path
+#   bash infra/run.sh COMMAND [args...]     any other `rollstream` sub-command (status, down, learn, ...)
 # The virtual environment lives outside the clone, keyed by a hash of the declared dependencies,
 # so every clone on this machine (and CI) reuses it; a changed dependency builds a new one.
 set -euo pipefail
@@ -52,7 +53,7 @@ export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 job="${1:-}"; shift || true
 case "$job" in
   env) echo "$venv" ;;
-  demo) exec rollstream demo "$@" ;;
   test) exec bash "$repo/infra/test.sh" "$@" ;;
-  *) echo "usage: bash infra/run.sh {demo|test|env} [args...]" >&2; exit 2 ;;
+  "") echo "usage: bash infra/run.sh {demo|test|env|COMMAND} [args...]  (COMMAND: any rollstream sub-command, e.g. status, down)" >&2; exit 2 ;;
+  *) exec rollstream "$job" "$@" ;;
 esac
