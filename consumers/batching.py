@@ -88,17 +88,21 @@ class TrajectoryColumns:
     def batch(self, rows: npt.NDArray[np.int64], max_length: int) -> TrajectoryBatch:
         """Build the padded batch of `rows`: prompt ++ response cut to `max_length` tokens.
 
-        The batch is padded to its own longest row, not to `max_length`.
+        The response is what is trained on, so it keeps its head (up to `max_length` - 1 tokens)
+        and the prompt keeps its tail, the context nearest the response; at least one prompt
+        token stays, since the first position has nothing to predict it. The batch is padded to
+        its own longest row, not to `max_length`.
         """
-        prompt_keep = np.minimum(self.prompt.lengths[rows], max_length)
-        response_keep = np.minimum(self.response.lengths[rows], max_length - prompt_keep)
+        prompt_length = self.prompt.lengths[rows]
+        response_keep = np.minimum(self.response.lengths[rows], max_length - np.minimum(prompt_length, 1))
+        prompt_keep = np.minimum(prompt_length, max_length - response_keep)
         logprob_keep = np.minimum(self.logprobs.lengths[rows], response_keep)
         total = prompt_keep + response_keep
         width = max(int(total.max(initial=0)), 1)
         zeros = np.zeros(len(rows), dtype=np.int64)
 
         input_ids = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-        _gather_into(input_ids, self.prompt, rows, prompt_keep, zeros)
+        _gather_into(input_ids, self.prompt, rows, prompt_keep, zeros, skip=prompt_length - prompt_keep)
         _gather_into(input_ids, self.response, rows, response_keep, prompt_keep)
         old_logprobs = np.zeros((len(rows), width), dtype=np.float32)
         _gather_into(old_logprobs, self.logprobs, rows, logprob_keep, prompt_keep)
@@ -123,12 +127,15 @@ def _gather_into(
     rows: npt.NDArray[np.int64],
     keep: npt.NDArray[np.int64],
     start: npt.NDArray[np.int64],
+    *,
+    skip: npt.NDArray[np.int64] | None = None,
 ) -> None:
-    """Copy the first `keep[i]` values of row `rows[i]` into `dest[i, start[i]:]`, vectorized."""
+    """Copy `keep[i]` values of row `rows[i]`, from its `skip[i]`-th on, into `dest[i, start[i]:]`, vectorized."""
     count = int(keep.sum())
     if count == 0:
         return
     batch_row = np.repeat(np.arange(len(rows)), keep)
     within = np.arange(count) - np.repeat(np.cumsum(keep) - keep, keep)
-    source = np.repeat(column.offsets[rows], keep) + within
+    first = column.offsets[rows] if skip is None else column.offsets[rows] + skip
+    source = np.repeat(first, keep) + within
     dest[batch_row, np.repeat(start, keep) + within] = column.values[source]

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from confluent_kafka import KafkaException
+
 from infra.settings import Settings
 from schemas.exceptions import RollstreamError
 
@@ -79,6 +81,8 @@ def _process(args: argparse.Namespace) -> int:
         raw_topic=settings.raw_topic,
         dlq_topic=settings.dlq_topic,
         app_id=args.app_id,
+        group_id=args.group_id,
+        write_retries=args.write_retries,
         batch_size=args.batch_size,
         batch_within_s=args.batch_within,
         loglevel=args.loglevel,
@@ -151,7 +155,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bad-fraction", type=float, default=0.005, help="share of malformed messages")
 
     p = command("process", _process, "run the Faust stream processor until stopped (SIGTERM / Ctrl-C)")
-    p.add_argument("--app-id", default="rollstream-processor", help="Faust app id = consumer group")
+    p.add_argument(
+        "--app-id", default="rollstream-processor", help="names the offsets stored in Delta; keep it stable"
+    )
+    p.add_argument("--group-id", default=None, help="Kafka consumer group (default: the app id)")
+    p.add_argument(
+        "--write-retries", type=int, default=5, help="Delta write attempts before the worker stops"
+    )
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--batch-within", type=float, default=1.0, help="seconds to wait to fill a batch")
     p.add_argument("--loglevel", default="info")
@@ -179,6 +189,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except RollstreamError as exc:
         print(f"rollstream {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KafkaException as exc:
+        print(
+            f"rollstream {args.command}: error: Kafka: {exc.args[0].str() if exc.args else exc}; "
+            "is the broker up? `rollstream status` tells, `rollstream up` starts it",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

@@ -10,19 +10,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import polars as pl
-from confluent_kafka import Consumer, TopicPartition
-
+from infra.accounting import OffsetRanges, Outcome, high_watermarks, outcome, ranges_between
 from infra.exceptions import DemoError
+from infra.processes import tail, terminate
 from infra.settings import Settings
 
 Progress = Callable[[str], None]
@@ -54,9 +51,11 @@ class DemoSummary:
         return self.delta_rows + self.dead_letters == self.published and self.duplicates == 0
 
     def as_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready values (what `--json` prints)."""
         return {**dataclasses.asdict(self), "accounted_for": self.accounted_for}
 
     def describe(self) -> str:
+        """The summary for a person: counts, the verdict, and where to look next."""
         verdict = "every trajectory accounted for" if self.accounted_for else "MISMATCH: see counts above"
         rate = self.published / self.seconds["process"] if self.seconds.get("process") else 0.0
         return "\n".join(
@@ -67,7 +66,7 @@ class DemoSummary:
                 f"  dead letters     {self.dead_letters:>8}  {self.dead_letters_uri} and the rollouts.dlq topic",
                 f"  duplicates       {self.duplicates:>8}  (trajectory_id seen twice in the table)",
                 f"  => {verdict}",
-                f"  processed in {self.seconds.get('process', 0):.1f} s ({rate:.0f} messages/s); "
+                f"  processed in {self.seconds.get('process', 0):.1f} s ({rate:.0f} messages/s, the processor's start included); "
                 f"learned in {self.seconds.get('learn', 0):.1f} s, final loss {self.final_loss:.4f}, "
                 f"reward mean {self.reward_mean:.3f}",
                 f"  MLflow run       {self.mlflow_run_id} in {self.tracking_uri}",
@@ -79,54 +78,6 @@ class DemoSummary:
                 "  rollstream status; rollstream down",
             ]
         )
-
-
-OffsetRanges = dict[int, tuple[int, int]]
-
-
-def _high_watermarks(bootstrap_servers: str, topic: str) -> dict[int, int]:
-    """The next offset of every partition of `topic` (which `up` provisioned)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": "rollstream-demo-watermarks",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        # Metadata for every topic: naming one in the request would auto-create it if missing.
-        found = consumer.list_topics(timeout=15).topics.get(topic)
-        if found is None or not found.partitions:
-            raise DemoError(
-                f"topic {topic!r} is not on {bootstrap_servers}: run `rollstream up` to provision it"
-            )
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
-            for p in found.partitions
-        }
-    finally:
-        consumer.close()
-
-
-def _count_in(table_uri: str, topic: str, ranges: OffsetRanges) -> int:
-    """Rows of a table whose Kafka coordinates fall in `ranges`; 0 when the table does not exist yet."""
-    if not (Path(table_uri) / "_delta_log").is_dir():
-        return 0
-    within = pl.lit(False)
-    for partition, (low, high) in ranges.items():
-        if high > low:
-            within |= (pl.col("partition") == partition) & pl.col("offset").is_between(
-                low, high, closed="left"
-            )
-    frame = pl.scan_delta(table_uri).filter((pl.col("topic") == topic) & within).select(pl.len()).collect()
-    return int(frame.item())
-
-
-def _duplicates(table_uri: str) -> int:
-    if not (Path(table_uri) / "_delta_log").is_dir():
-        return 0
-    frame = pl.scan_delta(table_uri).select(pl.len() - pl.col("trajectory_id").n_unique()).collect()
-    return int(frame.item())
 
 
 def publish_synthetic(
@@ -170,31 +121,10 @@ def _settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _stop(process: subprocess.Popen[bytes], progress: Progress) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        progress(f"processor pid {process.pid} ignored SIGTERM for 60 s; killing it")
-        process.kill()
-        process.wait(timeout=30)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def process_until_accounted(
     settings: Settings, *, ranges: OffsetRanges, timeout_s: float, progress: Progress
-) -> tuple[int, int]:
+) -> Outcome:
     """Run `rollstream process` as a child until every message in `ranges` is a row or a dead letter."""
-    expected = sum(high - low for low, high in ranges.values())
-    table_uri, dlq_uri = str(settings.lake_dir / "trajectories"), str(settings.lake_dir / "dead_letters")
     log_path = settings.state_dir / "logs" / "processor.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "infra.cli", "process"]
@@ -203,29 +133,32 @@ def process_until_accounted(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_settings_env(settings))
     try:
         deadline = time.monotonic() + timeout_s
-        rows = dead = 0
         last = -1
         while True:
-            rows = _count_in(table_uri, settings.raw_topic, ranges)
-            dead = _count_in(dlq_uri, settings.raw_topic, ranges)
-            if rows + dead != last:
-                progress(f"  processed {rows + dead}/{expected} ({rows} rows in Delta, {dead} dead letters)")
-                last = rows + dead
-            if rows + dead >= expected:
-                return rows, dead
+            now = outcome(settings.lake_dir, settings.raw_topic, ranges)
+            if now.accounted != last:
+                progress(
+                    f"  processed {now.accounted}/{now.expected} "
+                    f"({now.rows} rows in Delta, {now.dead_letters} dead letters)"
+                )
+                last = now.accounted
+            if now.complete:
+                return now
             if process.poll() is not None:
                 raise DemoError(
-                    f"the stream processor exited with code {process.returncode} after {rows + dead}/{expected} "
-                    f"messages; its log {log_path} ends with:\n{_tail(log_path)}"
+                    f"the stream processor exited with code {process.returncode} after {now.accounted}/"
+                    f"{now.expected} messages; its log {log_path} ends with:\n{tail(log_path)}"
                 )
             if time.monotonic() > deadline:
                 raise DemoError(
-                    f"only {rows + dead}/{expected} messages processed within {timeout_s:.0f} s "
-                    f"(raise --timeout for large runs); processor log {log_path} ends with:\n{_tail(log_path)}"
+                    f"only {now.accounted}/{now.expected} messages processed within {timeout_s:.0f} s "
+                    f"(raise --timeout for large runs); processor log {log_path} ends with:\n{tail(log_path)}"
                 )
             time.sleep(1.0)
     finally:
-        _stop(process, progress)
+        if process.poll() is None and not terminate(process.pid, timeout=60.0):
+            progress(f"the stream processor (pid {process.pid}) ignored SIGTERM for 60 s and was killed")
+        process.wait()
 
 
 def run_demo(
@@ -250,14 +183,13 @@ def run_demo(
     table_uri, dlq_uri = str(settings.lake_dir / "trajectories"), str(settings.lake_dir / "dead_letters")
     # This run's messages are the offsets published between the two watermark readings: the
     # accounting counts exactly those, whatever the topic and tables held before.
-    before = _high_watermarks(settings.bootstrap_servers, settings.raw_topic)
+    before = high_watermarks(settings.bootstrap_servers, settings.raw_topic)
     started = time.monotonic()
     published = publish_synthetic(
         settings, trajectories=trajectories, seed=seed, bad_fraction=bad_fraction, progress=progress
     )
     seconds["publish"] = time.monotonic() - started
-    after = _high_watermarks(settings.bootstrap_servers, settings.raw_topic)
-    ranges = {p: (before.get(p, 0), high) for p, high in after.items()}
+    ranges = ranges_between(before, high_watermarks(settings.bootstrap_servers, settings.raw_topic))
     in_topic = sum(high - low for low, high in ranges.values())
     if in_topic != published["published"]:
         raise DemoError(
@@ -266,7 +198,7 @@ def run_demo(
         )
 
     started = time.monotonic()
-    rows, dead = process_until_accounted(settings, ranges=ranges, timeout_s=timeout_s, progress=progress)
+    found = process_until_accounted(settings, ranges=ranges, timeout_s=timeout_s, progress=progress)
     seconds["process"] = time.monotonic() - started
 
     progress(f"learning for {learn_steps} steps from {table_uri}")
@@ -280,9 +212,9 @@ def run_demo(
         seed=published["seed"],
         published=published["published"],
         malformed_published=published["malformed"],
-        delta_rows=rows,
-        dead_letters=dead,
-        duplicates=_duplicates(table_uri),
+        delta_rows=found.rows,
+        dead_letters=found.dead_letters,
+        duplicates=found.duplicates,
         table_uri=table_uri,
         table_version=result.table_version,
         dead_letters_uri=dlq_uri,

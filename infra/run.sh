@@ -20,10 +20,13 @@ PY
 )"
 venv="$cache/venv-$dep_hash"
 
+mkdir -p "$cache"
+# One build at a time per machine: a second run waits here, then finds the environment ready.
+exec 9>"$cache/install.lock"
+flock 9
 if [ ! -f "$venv/.complete" ]; then
   echo "rollstream: building the virtual environment $venv (torch is a large download; done once per machine)" >&2
   rm -rf "$venv.partial"
-  mkdir -p "$cache"
   "$python" -m venv "$venv.partial"
   "$venv.partial/bin/pip" install --quiet --upgrade pip setuptools wheel
   # Install the declared dependencies only; the project itself is installed editable below.
@@ -45,6 +48,7 @@ if ! "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" >
   cat "$venv/editable-install.log" >&2
   exit 1
 fi
+flock -u 9
 export PATH="$venv/bin:$PATH"
 # Every clone on the machine shares the environment, so this clone's code must win over whichever
 # clone last did the editable install (child processes inherit it too).

@@ -114,8 +114,10 @@ def check_batch(batch: dict[str, Any], rows: dict[str, dict[str, Any]], max_leng
     kept = []
     for i, tid in enumerate(ids):
         row = rows[tid]
-        tokens = (row["prompt_tokens"] + row["response_tokens"])[:max_length]
-        p = min(len(row["prompt_tokens"]), max_length)
+        prompt, response = row["prompt_tokens"], row["response_tokens"]
+        response = response[: max_length - min(len(prompt), 1)]
+        p = min(len(prompt), max_length - len(response))
+        tokens = prompt[len(prompt) - p :] + response
         kept.append(len(tokens))
         width = batch["input_ids"].shape[1]
         assert batch["input_ids"][i, : len(tokens)].tolist() == tokens
@@ -151,7 +153,7 @@ def test_batches_equal_the_source_rows_padded_to_each_batch_longest(lake) -> Non
     assert len(widths) > 1
 
 
-def test_max_length_cuts_prompt_then_response(lake) -> None:
+def test_max_length_keeps_the_response_and_the_prompt_tail(lake) -> None:
     uri, rows, _ = lake
     batches = list(
         TrajectoryDataset(table_uri=uri, batch_size=64, max_length=20, statuses=("ok", "fail", "skipped"))
@@ -159,6 +161,9 @@ def test_max_length_cuts_prompt_then_response(lake) -> None:
     assert len(batches) == 1
     check_batch(batches[0], rows, max_length=20)
     assert batches[0]["input_ids"].shape[1] == 20
+    kept_response = batches[0]["response_mask"].any(dim=1).tolist()
+    has_response = [bool(rows[tid]["response_tokens"]) for tid in batches[0]["trajectory_ids"]]
+    assert kept_response == has_response and any(has_response)  # no response is cut away whole
 
 
 def test_statuses_select_rows(lake) -> None:
