@@ -42,7 +42,8 @@ class SyntheticFleet:
     Each record's ``metadata`` carries ``prompt`` (the problem statement; the tokens themselves
     are random ids) and ``synthetic_score``: the reward a correct verifier should give (1/0 for
     math and code, the fraction of right fields for extraction, the reward itself for
-    'precomputed'), which lets tests check verifiers end to end.
+    'precomputed'), which lets tests check verifiers end to end. A code record also carries
+    ``candidate``: which variant its text is (see `producers.tasks.code_tasks`).
 
     Args:
         seed: drives every random choice of the stream.
@@ -123,7 +124,7 @@ class SyntheticFleet:
         worker_id = f"worker-{int(rng.integers(self.worker_count)):03d}"
         self._clock_ms += rng.exponential(GROUP_INTERVAL_MS)
         base_ms = int(self._clock_ms)
-        fields = content.fields
+        fields, notes = content.fields, content.sample_metadata
         is_precomputed = domain.task_type == "precomputed"
         records: list[TrajectoryRecord] = []
         offset = 0
@@ -154,6 +155,7 @@ class SyntheticFleet:
                         "source": "synthetic-fleet",
                         "prompt": content.prompt,
                         "synthetic_score": f"{score:.6g}",
+                        **(notes[i] if notes else {}),
                     },
                 }
             )

@@ -1,11 +1,10 @@
-"""The synthetic fleet and the malformed-message generator: determinism, shape, labels, speed."""
+"""The synthetic fleet and the malformed-message generator: determinism, shape, labels."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-import time
 import uuid
 from collections import Counter, defaultdict
 
@@ -17,6 +16,7 @@ from producers.catalog import MAX_TOKENS
 from producers.fleet import VOCAB_SIZE
 from schemas import DecodeError, TrajectoryCodec, UnknownSchemaError, unpack_float32, unpack_int32
 
+pytestmark = pytest.mark.timeout(120)
 TASK_TYPES = {"math", "code", "extraction", "precomputed"}
 
 
@@ -118,12 +118,6 @@ def _check(record) -> float:
     if record["task_type"] == "math":
         boxed = re.findall(r"\\boxed\{([^}]*)\}", text)
         return float(bool(boxed) and boxed[-1] == record["expected_answer"])
-    if record["task_type"] == "code":
-        try:
-            exec(compile(text + "\n" + record["unit_tests"], "<candidate>", "exec"), {})
-        except Exception:
-            return 0.0
-        return 1.0
     try:
         answer = json.loads(text)
     except ValueError:
@@ -138,9 +132,11 @@ def test_synthetic_scores_are_what_a_verifier_would_give(records):
         if r["task_type"] == "precomputed":
             assert float(r["metadata"]["synthetic_score"]) == pytest.approx(r["precomputed_reward"], rel=1e-5)
             continue
+        if r["task_type"] == "code":
+            continue  # never run here: test_producers_code_labels.py re-derives code labels
         assert _check(r) == pytest.approx(float(r["metadata"]["synthetic_score"]), abs=1e-5), r["domain"]
         checked[r["task_type"]] += 1
-    assert min(checked.values()) > 300
+    assert set(checked) == {"math", "extraction"} and min(checked.values()) > 300
     scores: dict[str, set] = defaultdict(set)
     for r in records:
         scores[r["group_id"]].add(r["metadata"]["synthetic_score"])
@@ -153,14 +149,6 @@ def test_synthetic_scores_are_what_a_verifier_would_give(records):
 def test_records_round_trip_through_the_codec(records, codec):
     for r in records[:500]:
         assert codec.decode(codec.encode(r)) == r
-
-
-def test_ten_thousand_trajectories_take_a_couple_of_seconds():
-    start = time.perf_counter()
-    count = sum(1 for _ in SyntheticFleet(5).trajectories(10_000))
-    elapsed = time.perf_counter() - start
-    assert count == 10_000
-    assert elapsed < 4.0, f"generating 10,000 trajectories took {elapsed:.2f} s"
 
 
 @pytest.mark.parametrize(

@@ -19,12 +19,15 @@ class GroupContent:
         responses: one response text per sample.
         scores: the reward a correct verifier should give each sample, in [0, 1] for verified
             task types; for 'precomputed' the reward itself.
+        sample_metadata: optional extra metadata per sample (e.g. which code candidate it is),
+            empty or one mapping per sample.
     """
 
     prompt: str
     responses: list[str]
     scores: list[float]
     fields: dict[str, Any] = field(default_factory=dict)
+    sample_metadata: list[dict[str, str]] = field(default_factory=list)
 
 
 class TaskGenerator(Protocol):
