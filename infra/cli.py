@@ -83,6 +83,8 @@ def _process(args: argparse.Namespace) -> int:
         app_id=args.app_id,
         group_id=args.group_id,
         write_retries=args.write_retries,
+        ultra_topic=settings.ultra_topic,
+        data_dir=settings.state_dir / "faust",
         batch_size=args.batch_size,
         batch_within_s=args.batch_within,
         loglevel=args.loglevel,

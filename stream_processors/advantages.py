@@ -1,9 +1,11 @@
 """A thin stand-in for GRPO normalization, computed within one batch.
 
-advantage = (reward - group mean) / (group std + 1e-6) over the records of the group seen in this
-batch; a group with one judged record gets 0.0, and "skipped" records get 0.0 and do not count
-towards their group's statistics. domain_reward is the raw reward for now: per-domain running
-statistics and groups spanning batches arrive with the stateful normalizer.
+advantage = (reward - group mean) / (group std + 1e-6) over the judged records of the group seen
+in this batch; a group with one judged record gets 0.0. Records without a signal
+(NO_SIGNAL_STATUSES: "skipped", and "error" and "timeout", whose reward is forced to 0 though
+nothing was judged) get 0.0 and do not count towards their group's statistics. domain_reward is
+the raw reward for now: per-domain running statistics and groups spanning batches arrive with the
+stateful normalizer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 EPSILON = 1e-6
-NO_SIGNAL_STATUSES: frozenset[str] = frozenset({"skipped"})
+NO_SIGNAL_STATUSES: frozenset[str] = frozenset({"skipped", "error", "timeout"})
 
 
 def group_advantages(

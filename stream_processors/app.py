@@ -1,11 +1,18 @@
-"""The Faust app of the stream stage: rollouts.raw in batches -> trajectories + dead letters in Delta.
+"""The Faust app of the stream stage: rollouts.raw and rollouts.ultra in batches -> Delta.
 
-One agent, concurrency 1 (HAZARDS.md: higher concurrency can commit offsets past unfinished
-messages). Batches come from ``stream.noack_take`` (always with ``within``) and are acked only
-after both Delta commits returned, so Faust never commits an offset whose row is not in Delta.
-Exactly once comes from the offsets stored in Delta (offsets.py), not from Faust: replays after
-a crash or under a new consumer group are filtered out by the sinks. A batch that cannot be
-written after retries crashes the worker without acking it.
+One agent per source topic, each of concurrency 1 (HAZARDS.md: higher concurrency can commit
+offsets past unfinished messages), sharing one Stage whose writes run one batch at a time in a
+single executor thread. Ultra-long trajectories get their own agent with small batches and a
+small buffer, so a burst of 64 MiB messages stays bounded in memory; they do share the sink
+thread with ordinary batches.
+
+Before either agent consumes, the offsets stored in Delta are checked against the topics' end
+offsets (preflight.py). Batches come from ``stream.noack_take`` (always with ``within``) and are
+acked only after both Delta commits returned, so Faust never commits an offset whose row is not
+in Delta. Exactly once comes from the offsets stored in Delta (offsets.py), not from Faust:
+replays after a crash or under a new consumer group are filtered out by the sinks. A batch that
+cannot be written after retries crashes the worker without acking it. The dead-letter producer
+is closed when the app stops, after the last agent finished its batch.
 """
 
 from __future__ import annotations
@@ -18,13 +25,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
-from confluent_kafka.admin import AdminClient
 
 from stream_processors.bucketing import DEFAULT_EDGES
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
-from stream_processors.exceptions import StreamProcessorError
 from stream_processors.offsets import Coordinates, table_uri
+from stream_processors.preflight import OffsetStore, check_stored_offsets, topic_partitions
 from stream_processors.processing import BatchProcessor, SourceMessage
 from stream_processors.progress import Progress
 from stream_processors.stage import BatchStats, Stage
@@ -34,28 +40,15 @@ log = logging.getLogger(__name__)
 
 TRAJECTORIES_TABLE = "trajectories"
 DEAD_LETTERS_TABLE = "dead_letters"
+ULTRA_MAX_MESSAGE_BYTES = 67_108_864
+"""64 MiB: rollouts.ultra's max.message.bytes as infra/topics.toml declares it. The consumer's
+per-partition fetch size (Faust's consumer_max_fetch_size, aiokafka's max_partition_fetch_bytes)
+is set to it, so the largest message the topics accept can always be fetched."""
 
 
 def faust_broker_url(bootstrap_servers: str) -> str:
     """Faust's broker URL list ("kafka://a:9092;kafka://b:9092") from Kafka's "a:9092,b:9092"."""
     return ";".join(f"kafka://{server.strip()}" for server in bootstrap_servers.split(",") if server.strip())
-
-
-def topic_partition_count(bootstrap_servers: str, topic: str, *, timeout_s: float = 15.0) -> int:
-    """How many partitions `topic` has, from broker metadata; raises if the topic does not exist.
-
-    Asks for every topic's metadata: naming the topic in the request would make a broker with
-    auto.create.topics.enable create it with default settings.
-    """
-    metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=timeout_s)
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        reason = found.error if found is not None else "not in metadata"
-        raise StreamProcessorError(
-            f"topic {topic!r} is not available on {bootstrap_servers} ({reason}): provision the "
-            "topics first (`rollstream up`), or pass raw_partitions to skip this lookup"
-        )
-    return len(found.partitions)
 
 
 async def run_to_completion(
@@ -86,10 +79,12 @@ def create_app(
     bootstrap_servers: str,
     lake_dir: Path | str,
     raw_topic: str = "rollouts.raw",
+    ultra_topic: str | None = "rollouts.ultra",
     dlq_topic: str = "rollouts.dlq",
     app_id: str = "rollstream-processor",
     group_id: str | None = None,
     batch_size: int = 500,
+    ultra_batch_size: int = 4,
     batch_within_s: float = 1.0,
     raw_partitions: int | None = None,
     bucket_edges: Sequence[int] = DEFAULT_EDGES,
@@ -98,6 +93,7 @@ def create_app(
     verifiers: VerifierRegistry | None = None,
     write_retries: int = 5,
     log_every_s: float = 10.0,
+    data_dir: Path | str | None = None,
 ) -> faust.App:
     """Build the stream stage's Faust app.
 
@@ -105,25 +101,34 @@ def create_app(
         bootstrap_servers: Kafka "host:port[,host:port]".
         lake_dir: directory or object-store URI holding the trajectories and dead_letters tables.
         raw_topic: the topic of encoded trajectories.
+        ultra_topic: the topic of ultra-long trajectories (up to ULTRA_MAX_MESSAGE_BYTES each);
+            None consumes `raw_topic` only.
         dlq_topic: where dead letters are sent.
         app_id: names the Delta txn versions (the exactly-once identity); keep it stable.
-        group_id: the Kafka consumer group; default `app_id`. A new group re-reads the topic from
+        group_id: the Kafka consumer group; default `app_id`. A new group re-reads the topics from
             the beginning and writes nothing twice.
-        batch_size: most messages per batch (and per Delta commit).
+        batch_size: most messages per batch (and per Delta commit) from `raw_topic`.
+        ultra_batch_size: most messages per batch from `ultra_topic`, which is also how many more
+            it buffers: bounds its memory to about 3 x ultra_batch_size x 64 MiB.
         batch_within_s: the longest a partial batch waits before it is written.
-        raw_partitions: partitions of `raw_topic`; default read from broker metadata.
+        raw_partitions: partitions of `raw_topic`; default read from broker metadata, which also
+            checks that the topics exist (without it, a missing topic may be auto-created).
         bucket_edges: length bucket edges.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
         verifiers: task_type -> verifier; default `verifiers.default_registry()`.
         write_retries: retries of a failing Delta or dead-letter write before the worker stops.
         log_every_s: interval of the progress log line.
+        data_dir: Faust's data directory (default ``./<group id>-data`` in the working directory).
     """
-    if batch_size < 1 or batch_within_s <= 0:
+    if batch_size < 1 or ultra_batch_size < 1 or batch_within_s <= 0:
         raise ValueError(
-            f"batch_size must be >= 1 and batch_within_s > 0, got {batch_size}, {batch_within_s}"
+            "batch_size and ultra_batch_size must be >= 1 and batch_within_s > 0, got "
+            f"{batch_size}, {ultra_batch_size}, {batch_within_s}"
         )
-    partitions = raw_partitions or topic_partition_count(bootstrap_servers, raw_topic)
+    topics = [raw_topic] if ultra_topic is None else [raw_topic, ultra_topic]
+    partitions = raw_partitions or topic_partitions(bootstrap_servers, topics)[raw_topic]
+    options: dict[str, Any] = {} if data_dir is None else {"datadir": str(data_dir)}
     app = faust.App(
         group_id or app_id,
         broker=faust_broker_url(bootstrap_servers),
@@ -132,10 +137,11 @@ def create_app(
         topic_disable_leader=True,
         topic_partitions=partitions,
         consumer_auto_offset_reset="earliest",
+        consumer_max_fetch_size=ULTRA_MAX_MESSAGE_BYTES,
         broker_commit_every=batch_size,
         stream_wait_empty=True,
+        **options,
     )
-    topic = app.topic(raw_topic, key_serializer="raw", value_serializer="raw", partitions=partitions)
     stage = Stage(
         BatchProcessor(verifiers=verifiers, bucket_edges=bucket_edges),
         DeltaSink(table_uri(lake_dir, TRAJECTORIES_TABLE), app_id=app_id, storage_options=storage_options),
@@ -151,12 +157,33 @@ def create_app(
     )
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-sink")
     progress = Progress()
+    preflight: asyncio.Future[None] | None = None
+    running = 0
 
-    @app.agent(topic, concurrency=1, name=f"{app_id}.sink")
-    async def sink_batches(stream: faust.StreamT) -> None:
+    async def checked() -> None:
+        """Run the stored-offset check once, for whichever agent asks first."""
+        nonlocal preflight
+        if preflight is None:
+            stores: list[tuple[str, OffsetStore]] = [
+                (TRAJECTORIES_TABLE, stage.sink),
+                (DEAD_LETTERS_TABLE, stage.dead_letters),
+            ]
+            preflight = asyncio.get_running_loop().run_in_executor(
+                executor, check_stored_offsets, bootstrap_servers, topics, stores
+            )
+        await asyncio.shield(preflight)
+
+    async def sink_batches(stream: faust.StreamT, size: int) -> None:
+        nonlocal running
         loop = asyncio.get_running_loop()
+        running += 1
         try:
-            async for events in cast(faust.Stream, stream).noack_take(batch_size, within=batch_within_s):
+            try:
+                await checked()
+            except Exception as exc:
+                await app.crash(exc)
+                return
+            async for events in cast(faust.Stream, stream).noack_take(size, within=batch_within_s):
                 messages = [
                     SourceMessage(
                         Coordinates(e.message.topic, e.message.partition, e.message.offset),
@@ -184,7 +211,26 @@ def create_app(
                 if cancelled:
                     raise asyncio.CancelledError
         finally:
-            log.info("sink stopped: %s", progress.summary())
+            running -= 1
+            if running == 0 and app.should_stop:  # not when Faust's supervisor restarts an agent
+                stage.dead_letters.close()
+                log.info("sink stopped: %s", progress.summary())
+
+    raw = app.topic(raw_topic, key_serializer="raw", value_serializer="raw", partitions=partitions)
+
+    @app.agent(raw, concurrency=1, name=f"{app_id}.sink")
+    async def sink_raw(stream: faust.StreamT) -> None:
+        await sink_batches(stream, batch_size)
+
+    if ultra_topic is not None:
+        # faust.Topic, not app.topic: app.topic drops maxsize (faust 0.15.3).
+        ultra = faust.Topic(
+            app, topics=[ultra_topic], key_serializer="raw", value_serializer="raw", maxsize=ultra_batch_size
+        )
+
+        @app.agent(ultra, concurrency=1, name=f"{app_id}.sink-ultra")
+        async def sink_ultra(stream: faust.StreamT) -> None:
+            await sink_batches(stream, ultra_batch_size)
 
     @app.timer(interval=log_every_s)
     async def report_progress() -> None:

@@ -1,14 +1,24 @@
 """Dead letters: messages the stage cannot turn into rows, kept with their reason and raw bytes.
 
 Each letter goes to the dead-letter topic (value = the original bytes; headers: reason,
-error_type, source_topic, source_partition, source_offset) and then to <lake>/dead_letters, the
-table exactly once per source offset (its own txn versions). The topic is at least once: a crash
-between the produce and the Delta commit re-sends that batch's letters on replay; their source
-headers identify duplicates.
+error_type, source_topic, source_partition, source_offset, and value_truncated when the value had
+to be cut to fit the topic) and then to <lake>/dead_letters, which always holds the full bytes,
+exactly once per source offset (its own txn versions).
+
+The topic is at least once. A letter reaches it twice only when
+  1. the worker stops without committing the letters to the table after the broker acknowledged
+     them (a crash, SIGKILL, a table append that keeps failing): the replay sends them again; or
+  2. a flush timed out while letters were in flight: the queue is purged and the retry sends them
+     again, and the broker may have written the first copy all the same.
+Nothing else duplicates: librdkafka's own retries are deduplicated by the idempotent producer,
+letters the broker acknowledged are not sent again by a commit or stage retry in this process, and
+a replay whose letters are already in the table sends nothing. Readers of the topic drop
+duplicates by their source_* headers.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from schemas.tables import DEAD_LETTERS_SCHEMA
 from stream_processors.exceptions import SinkError
@@ -26,6 +36,14 @@ from stream_processors.offsets import Coordinates, TxnTable
 log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 2000
+DLQ_MAX_MESSAGE_BYTES = 67_108_864
+"""64 MiB: the dead-letter topic's max.message.bytes as infra/topics.toml declares it (a letter
+carries a whole rollouts.ultra message). The DLQ producer's message.max.bytes is set to it."""
+FALLBACK_MESSAGE_BYTES = 1_000_000
+"""What a topic with Kafka's default limits accepts: a letter the broker rejects as too large is
+sent again cut to this size."""
+ENVELOPE_BYTES = 65_536
+"""Room kept for the key, headers and record overhead when a value is cut to a size limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +68,17 @@ class DeadLetter:
             ("source_offset", str(c.offset).encode()),
         ]
 
+    def fitted(self, max_message_bytes: int) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
+        """The value and headers to send under a message size limit, cutting the value if needed."""
+        headers = self.headers()
+        room = max_message_bytes - ENVELOPE_BYTES - len(self.key or b"")
+        room -= sum(len(k) + len(v or b"") for k, v in headers)
+        if len(self.raw) <= room:
+            return self.raw, headers
+        kept = max(room, 0)
+        note = f"first {kept} of {len(self.raw)} bytes; the full value is in the dead_letters table"
+        return self.raw[:kept], [*headers, ("value_truncated", note.encode())]
+
 
 def dead_letters_table(letters: Sequence[DeadLetter]) -> pa.Table:
     """Build the Arrow table of `letters`, in DEAD_LETTERS_SCHEMA's column order."""
@@ -68,6 +97,14 @@ def dead_letters_table(letters: Sequence[DeadLetter]) -> pa.Table:
     )
 
 
+@dataclass(slots=True)
+class _Deliveries:
+    """Delivery reports of one send: rejected as too large, or failed otherwise."""
+
+    too_large: list[Coordinates] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
 class DeadLetters:
     """Writes dead letters to a Kafka topic (when servers are given) and to a Delta table.
 
@@ -77,7 +114,8 @@ class DeadLetters:
         topic: the dead-letter topic.
         app_id: names the txn versions of the table; keep it stable across restarts.
         storage_options: passed through to deltalake.
-        producer_config: extra librdkafka settings (e.g. message.max.bytes for big messages).
+        producer_config: extra librdkafka settings; message.max.bytes defaults to
+            DLQ_MAX_MESSAGE_BYTES, and letters are cut to whatever it is set to.
         flush_timeout_s: how long to wait for the broker to acknowledge a batch of letters.
     """
 
@@ -96,15 +134,19 @@ class DeadLetters:
         self.flush_timeout_s = flush_timeout_s
         self.table = TxnTable(str(table_uri), app_id=app_id, storage_options=storage_options)
         self._producer: Producer | None = None
+        self._closed = False
+        self._acknowledged: set[Coordinates] = set()
+        config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "zstd",
+            "linger.ms": 5,
+            "message.max.bytes": DLQ_MAX_MESSAGE_BYTES,
+        }
+        config.update(producer_config or {})
+        self.max_message_bytes = int(config["message.max.bytes"])
         if bootstrap_servers is not None:
-            config: dict[str, Any] = {
-                "bootstrap.servers": bootstrap_servers,
-                "enable.idempotence": True,
-                "acks": "all",
-                "compression.type": "zstd",
-                "linger.ms": 5,
-            }
-            config.update(producer_config or {})
             self._producer = Producer(config)
 
     def stored_offset(self, topic: str, partition: int) -> int | None:
@@ -115,45 +157,93 @@ class DeadLetters:
         """Send the letters not yet stored to the topic, then append them; returns how many."""
         if not letters:
             return 0
+        if self._closed:
+            raise SinkError(
+                f"{len(letters)} dead letters arrived after DeadLetters.close(): a bug in the caller"
+            )
         coordinates = [d.coordinates for d in letters]
 
         def build(keep: list[int]) -> pa.Table:
             fresh = [letters[i] for i in keep]
-            self._produce(fresh)
+            self._produce([d for d in fresh if d.coordinates not in self._acknowledged])
             return dead_letters_table(fresh)
 
-        return self.table.append(coordinates, build)
+        written = self.table.append(coordinates, build)
+        self._acknowledged.difference_update(coordinates)
+        return written
 
     def _produce(self, letters: Sequence[DeadLetter]) -> None:
-        if self._producer is None:
+        """Send letters and wait for the broker; a letter rejected as too large goes again, cut."""
+        if self._producer is None or not letters:
             return
-        failures: list[str] = []
+        limits = [self.max_message_bytes]
+        if self.max_message_bytes > FALLBACK_MESSAGE_BYTES:
+            limits.append(FALLBACK_MESSAGE_BYTES)
+        pending = list(letters)
+        for limit in limits:
+            too_large = set(self._send(self._producer, pending, limit))
+            pending = [d for d in pending if d.coordinates in too_large]
+            if not pending:
+                return
+            log.warning(
+                "dead-letter topic %r rejected %d letters as too large at %d bytes; sending them cut",
+                self.topic, len(pending), limit,
+            )  # fmt: skip
+        raise SinkError(
+            f"dead-letter topic {self.topic!r} rejected {len(pending)} letters even when cut to "
+            f"{limits[-1]} bytes: set its max.message.bytes to {DLQ_MAX_MESSAGE_BYTES} as "
+            "infra/topics.toml declares (`rollstream up` provisions it)"
+        )
 
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failures.append(str(err))
-
-        for letter in letters:
-            while True:
-                try:
-                    self._producer.produce(
-                        self.topic,
-                        value=letter.raw,
-                        key=letter.key,
-                        headers=letter.headers(),
-                        on_delivery=on_delivery,
-                    )
-                    break
-                except BufferError:
-                    self._producer.poll(0.1)
-        remaining = self._producer.flush(self.flush_timeout_s)
-        if remaining or failures:
+    def _send(self, producer: Producer, letters: Sequence[DeadLetter], limit: int) -> list[Coordinates]:
+        """Produce and flush; returns the letters the broker rejected as too large."""
+        reports = _Deliveries()
+        try:
+            for letter in letters:
+                value, headers = letter.fitted(limit)
+                on_delivery = functools.partial(self._on_delivery, letter.coordinates, reports)
+                while True:
+                    try:
+                        producer.produce(
+                            self.topic, value=value, key=letter.key, headers=headers, on_delivery=on_delivery
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+            remaining = producer.flush(self.flush_timeout_s)
+        except KafkaException as exc:
+            raise SinkError(
+                f"dead-letter topic {self.topic!r}: the producer failed ({exc.args[0]}); check the "
+                f"broker, and that the topic's max.message.bytes is {DLQ_MAX_MESSAGE_BYTES}"
+            ) from exc
+        if remaining:
+            producer.purge(in_queue=True, in_flight=True)
+            producer.poll(0)
+        if remaining or reports.failures:
             raise SinkError(
                 f"dead-letter topic {self.topic!r}: {remaining} letters undelivered after "
-                f"{self.flush_timeout_s}s, delivery errors: {failures[:3]}; check the broker and the topic"
+                f"{self.flush_timeout_s}s (purged; the retry sends them again), delivery errors: "
+                f"{reports.failures[:3]}; check the broker and the topic"
             )
+        return reports.too_large
+
+    def _on_delivery(
+        self, coordinates: Coordinates, reports: _Deliveries, err: KafkaError | None, msg: Message
+    ) -> None:
+        if err is None:
+            self._acknowledged.add(coordinates)
+        elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            reports.too_large.append(coordinates)
+        elif err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+            reports.failures.append(f"{coordinates}: {err}")
 
     def close(self) -> None:
-        """Deliver anything still queued for the topic."""
-        if self._producer is not None:
-            self._producer.flush(self.flush_timeout_s)
+        """Deliver anything still queued for the topic, then release the producer; idempotent."""
+        self._closed = True
+        if self._producer is None:
+            return
+        producer, self._producer = self._producer, None
+        left = producer.flush(self.flush_timeout_s)
+        if left:
+            log.warning("dead-letter producer closed with %d letters undelivered", left)
+        producer.close()

@@ -21,6 +21,10 @@ class LengthMismatchError(InvalidRecordError):
     """Two sequences that must pair up element by element have different lengths."""
 
 
+class TokenIdError(InvalidRecordError):
+    """A token id is negative or not below `validation.MAX_TOKEN_ID`."""
+
+
 class NonFiniteValueError(InvalidRecordError):
     """A reward or logprob is NaN or infinite."""
 

@@ -2,6 +2,28 @@
 
 Kept free of Faust so it can be tested and benchmarked alone; app.py runs it in an executor
 thread, one batch at a time, and acks the batch's messages only after `run` returns.
+
+Rows and dead letters are two Delta commits to two tables, each exactly once per offset by its
+own txn versions, not one atomic commit. A worker that dies between them leaves the batch's rows
+committed and its letters not; the replay processes the batch again, the rows sink skips offsets
+at or below its stored offset, and the letters are written. That makes every message exactly one
+row or one dead letter only if its outcome on replay is the one it had before: a function of its
+bytes and the deployed code (the codec's schemas, validation.py, the verifier registry). If the
+outcome changes in between, a message that was a letter and is now a row is lost when a later
+row of its partition was committed (its offset is skipped as written), and one that was a row
+and is now a letter lands in both tables. One case is not a function of the bytes even with the
+same code: an unexpected exception in processing (not a decode or validation error, which a
+replay repeats) is dead-lettered and may not recur.
+
+So after a crash (a non-zero exit, SIGKILL, an OOM kill; a SIGTERM stop finishes both commits):
+restart with the same app_id and unchanged code, and nothing is lost or doubled (but for that one
+case). Change the code or the registry only once that worker has consumed past the batch it
+crashed in, then stop it with SIGTERM. If the code changed first, check the crashed batch by
+hand: the offsets at risk are those covered by the last trajectories commit the crashed worker
+made (per partition, between the table's stored offset in the version before it and in that
+version; `DeltaTable.history()` shows the commit). Each must be in exactly one of the two tables:
+publish a missing message again (read it from Kafka at its coordinates), delete a doubled one
+from dead_letters.
 """
 
 from __future__ import annotations

@@ -21,7 +21,12 @@ from stream_processors.exceptions import (
     LengthMismatchError,
     NonFiniteValueError,
     PackedBufferError,
+    TokenIdError,
 )
+
+MAX_TOKEN_ID = 2**24
+"""Token ids must lie in [0, MAX_TOKEN_ID): 16,777,216 is far above any vocabulary in use, and a
+learner sizes its embedding by the largest id it sees (schemas/WIRE_FORMAT.md, Fields)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,16 @@ def _unpack_int32(record: Mapping[str, Any], field: str) -> npt.NDArray[np.int32
         raise PackedBufferError(f"{field}: {exc}") from exc
 
 
+def _check_token_ids(tokens: npt.NDArray[np.int32], field: str) -> None:
+    bad = (tokens < 0) | (tokens >= MAX_TOKEN_ID)
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        raise TokenIdError(
+            f"{field}[{index}]={int(tokens[index])} is outside [0, {MAX_TOKEN_ID}) "
+            f"({int(bad.sum())} of {len(tokens)} are): send the tokenizer's ids"
+        )
+
+
 def validate(record: Mapping[str, Any]) -> TokenArrays:
     """Check one decoded record and return its token arrays; raises InvalidRecordError subclasses."""
     for field in ("trajectory_id", "group_id"):
@@ -57,6 +72,8 @@ def validate(record: Mapping[str, Any]) -> TokenArrays:
         raise GroupIndexError(f"sample_index={sample_index} is outside [0, group_size={group_size})")
     prompt = _unpack_int32(record, "prompt_tokens")
     response = _unpack_int32(record, "response_tokens")
+    _check_token_ids(prompt, "prompt_tokens")
+    _check_token_ids(response, "response_tokens")
     try:
         logprobs = unpack_float32(record["response_logprobs"])
     except DecodeError as exc:

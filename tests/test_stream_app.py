@@ -1,4 +1,4 @@
-"""The Faust app's wiring: settings that the hazards demand, and the topic metadata lookup."""
+"""The Faust app's wiring and its startup checks against the broker and the lake."""
 
 from __future__ import annotations
 
@@ -6,9 +6,14 @@ import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from stream_support import publish
 
-from stream_processors.app import create_app, faust_broker_url, topic_partition_count
+from producers.fleet import SyntheticFleet
+from schemas import TrajectoryCodec
+from stream_processors import BatchProcessor, Coordinates, DeadLetter, DeadLetters, DeltaSink, SourceMessage
+from stream_processors.app import ULTRA_MAX_MESSAGE_BYTES, create_app, faust_broker_url
 from stream_processors.exceptions import StreamProcessorError
+from stream_processors.preflight import check_stored_offsets, high_watermarks, topic_partition_count
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,12 +29,21 @@ def test_app_settings(tmp_path, bootstrap_servers):
     assert app.conf.id == "grp"
     assert app.conf.web_enabled is False
     assert app.conf.consumer_auto_offset_reset == "earliest"
+    assert app.conf.consumer_max_fetch_size == ULTRA_MAX_MESSAGE_BYTES == 64 * 2**20
     assert app.conf.topic_partitions == 4
     assert app.conf.topic_disable_leader is True
     assert str(app.conf.store) == "memory:"
-    (agent,) = app.agents.values()
-    assert agent.concurrency == 1
-    assert list(agent.channel.topics) == ["rollouts.raw"]
+    agents = {agent.name: agent for agent in app.agents.values()}
+    assert {name: list(a.channel.topics) for name, a in agents.items()} == {
+        "proc.sink": ["rollouts.raw"],
+        "proc.sink-ultra": ["rollouts.ultra"],
+    }
+    assert all(agent.concurrency == 1 for agent in agents.values())
+    assert agents["proc.sink-ultra"].channel.maxsize == 4  # ultra_batch_size bounds its buffer
+    only_raw = create_app(
+        bootstrap_servers=bootstrap_servers, lake_dir=tmp_path, ultra_topic=None, raw_partitions=1
+    )
+    assert [list(a.channel.topics) for a in only_raw.agents.values()] == [["rollouts.raw"]]
     with pytest.raises(ValueError, match="batch_within_s"):
         create_app(bootstrap_servers="x:1", lake_dir=tmp_path, batch_within_s=0, raw_partitions=1)
 
@@ -38,9 +52,42 @@ def test_broker_url_lists_every_server():
     assert faust_broker_url("a:9092, b:9093") == "kafka://a:9092;kafka://b:9093"
 
 
-def test_partition_count_comes_from_the_broker(bootstrap_servers, make_topic, admin: AdminClient):
+def test_partition_count_comes_from_the_broker(bootstrap_servers, make_topic, admin: AdminClient, tmp_path):
     assert topic_partition_count(bootstrap_servers, make_topic("stream-raw", partitions=3)) == 3
     missing = f"stream-missing-{uuid.uuid4().hex[:8]}"
     with pytest.raises(StreamProcessorError, match=rf"topic '{missing}' is not available.*rollstream up"):
         topic_partition_count(bootstrap_servers, missing, timeout_s=5)
-    assert missing not in admin.list_topics(timeout=10).topics  # the lookup never creates topics
+    raw = make_topic("stream-raw", partitions=1)
+    with pytest.raises(StreamProcessorError, match=rf"topic '{missing}'.*ultra_topic=None"):
+        create_app(bootstrap_servers=bootstrap_servers, lake_dir=tmp_path, raw_topic=raw, ultra_topic=missing)
+    assert missing not in admin.list_topics(timeout=10).topics  # the lookups never create topics
+
+
+def test_stored_offsets_ahead_of_a_topic_are_refused(bootstrap_servers, make_topic, tmp_path):
+    raw = make_topic("stream-raw", partitions=1)
+    codec = TrajectoryCodec()
+    values = [codec.encode(r) for r in SyntheticFleet(seed=5).trajectories(3)]
+    publish(bootstrap_servers, raw, [(None, v) for v in values])
+    assert high_watermarks(bootstrap_servers, [raw]) == {(raw, 0): 3}
+    sink = DeltaSink(tmp_path / "trajectories", app_id="proc")
+    letters = DeadLetters(tmp_path / "dead_letters", app_id="proc")
+    stores = [("trajectories", sink), ("dead_letters", letters)]
+
+    def write_at(offset: int) -> None:
+        batch = BatchProcessor().process([SourceMessage(Coordinates(raw, 0, offset), None, values[0])])
+        assert sink.write(batch.rows, batch.coordinates) == 1
+
+    check_stored_offsets(bootstrap_servers, [raw], stores)  # nothing stored yet
+    write_at(2)
+    check_stored_offsets(bootstrap_servers, [raw], stores)  # caught up with the topic: fine
+    letters.write([DeadLetter("bad", "DecodeError", b"x", None, Coordinates(raw, 0, 3))])
+    with pytest.raises(StreamProcessorError, match=rf"dead_letters table stored offset 3 for {raw}\[0\]"):
+        check_stored_offsets(bootstrap_servers, [raw], stores)
+    write_at(100)
+    with pytest.raises(StreamProcessorError) as caught:
+        check_stored_offsets(bootstrap_servers, [raw], stores)
+    message = str(caught.value)
+    assert (
+        f"trajectories table stored offset 100 for {raw}[0], but that partition ends at offset 3" in message
+    )
+    assert "new lake directory" in message and "new app_id" in message

@@ -28,7 +28,9 @@ from stream_processors.exceptions import (
     LengthMismatchError,
     NonFiniteValueError,
     PackedBufferError,
+    TokenIdError,
 )
+from stream_processors.validation import MAX_TOKEN_ID
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,6 +94,17 @@ def test_validate_returns_zero_copy_arrays():
         ({"group_size": 0, "sample_index": 0}, GroupIndexError, "group_size=0"),
         ({"trajectory_id": ""}, EmptyIdError, "trajectory_id=''"),
         ({"group_id": "  "}, EmptyIdError, "group_id='  '"),
+        ({"prompt_tokens": pack_int32([1, -7, 3])}, TokenIdError, r"prompt_tokens\[1\]=-7 is outside"),
+        (
+            {"response_tokens": pack_int32([4, 2**24])},
+            TokenIdError,
+            r"response_tokens\[1\]=16777216 is outside \[0, 16777216\)",
+        ),
+        (
+            {"response_tokens": pack_int32([2**31 - 1, -(2**31)])},
+            TokenIdError,
+            r"response_tokens\[0\]=2147483647 .*\(2 of 2 are\)",
+        ),
     ],
 )
 def test_validate_names_the_bad_field_and_value(changes, error, message):
@@ -113,6 +126,12 @@ def test_bucket_edges():
             check_edges(bad)
 
 
+def test_token_ids_up_to_the_limit_are_accepted():
+    assert MAX_TOKEN_ID == 2**24
+    tokens = validate(make_record(prompt_tokens=pack_int32([0, MAX_TOKEN_ID - 1])))
+    assert tokens.prompt_tokens.tolist() == [0, MAX_TOKEN_ID - 1]
+
+
 def test_group_advantages():
     out = group_advantages(
         ["a", "a", "a", "b", "c", "c", "c"],
@@ -128,6 +147,16 @@ def test_group_advantages():
     assert out[:3].sum() == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ValueError, match="parallel"):
         group_advantages(["a"], [1.0, 2.0], ["ok"])
+
+
+@pytest.mark.parametrize("status", ["skipped", "error", "timeout"])
+def test_records_without_a_signal_are_left_out_of_group_statistics(status):
+    judged = group_advantages(["a", "a", "a"], [1.0, 0.0, 0.5], ["ok", "fail", "ok"])
+    out = group_advantages(["a"] * 5, [1.0, 0.0, 0.5, 0.0, 0.0], ["ok", "fail", "ok", status, status])
+    assert out[:3] == pytest.approx(judged)
+    assert out[3:].tolist() == [0.0, 0.0]
+    lone = group_advantages(["b", "b"], [1.0, 0.0], ["ok", status])
+    assert lone.tolist() == [0.0, 0.0]  # one judged record left: no signal
 
 
 def test_batch_processor_scores_buckets_and_dead_letters():

@@ -8,45 +8,36 @@ nothing, because the offsets stored in Delta win.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
+from functools import partial
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from deltalake import DeltaTable
+from stream_support import (
+    committed_offsets,
+    group_caught_up,
+    group_name_fixture,  # noqa: F401 (provides the group_name fixture)
+    publish,
+    read_topic,
+    start_worker,
+    stop_worker,
+    table_rows,
+    wait_for,
+)
 
 from producers.fleet import SyntheticFleet
 from schemas import TrajectoryCodec, pack_float32, pack_int32
 from stream_processors import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA, bucket_for, txn_app_id
 
-REPO = Path(__file__).resolve().parents[1]
 VALID = 1200
 RAW_PARTITIONS = 4
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def group_name(admin):
-    """Unique consumer group names for one test, deleted from the broker afterwards."""
-    made: list[str] = []
-
-    def make(prefix: str) -> str:
-        made.append(f"{prefix}-{uuid.uuid4().hex[:8]}")
-        return made[-1]
-
-    yield make
-    for future in admin.delete_consumer_groups(made).values() if made else ():
-        with contextlib.suppress(Exception):  # a group that never committed does not exist
-            future.result(timeout=30)
 
 
 def malformed(codec: TrajectoryCodec, good: dict) -> list[tuple[str, bytes]]:
@@ -69,114 +60,11 @@ def malformed(codec: TrajectoryCodec, good: dict) -> list[tuple[str, bytes]]:
             variant(response_tokens=pack_int32([1, 2]), response_logprobs=pack_float32([-1.0, math.inf])),
         ),
         ("GroupIndexError", variant(sample_index=9, group_size=4)),
+        ("TokenIdError", variant(prompt_tokens=pack_int32([5, -1, 7]))),
         ("UnknownTaskTypeError", variant(task_type="poetry")),
         ("EmptyIdError", variant(trajectory_id="")),
         ("VerifierInputError", variant(task_type="math", expected_answer=None)),
     ]
-
-
-def publish(
-    bootstrap_servers: str, topic: str, messages: list[tuple[bytes | None, bytes]]
-) -> dict[tuple[int, int], bytes]:
-    """Publish and return {(partition, offset): value} from the delivery reports."""
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all"})
-    delivered: dict[tuple[int, int], bytes] = {}
-    errors: list[str] = []
-
-    def on_delivery(err, msg) -> None:
-        if err is not None:
-            errors.append(str(err))
-        else:
-            delivered[(msg.partition(), msg.offset())] = msg.value()
-
-    for key, value in messages:
-        producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-        producer.poll(0)
-    assert producer.flush(30) == 0
-    assert not errors
-    assert len(delivered) == len(messages)
-    return delivered
-
-
-def start_worker(
-    bootstrap_servers: str, lake: Path, raw: str, dlq: str, app_id: str, group: str, log: Path
-) -> subprocess.Popen:
-    args = [
-        sys.executable, "-m", "stream_processors",
-        "--bootstrap-servers", bootstrap_servers, "--lake-dir", str(lake),
-        "--raw-topic", raw, "--dlq-topic", dlq, "--app-id", app_id, "--group-id", group,
-        "--batch-size", "250", "--batch-within-s", "0.5", "--loglevel", "info",
-    ]  # fmt: skip
-    return subprocess.Popen(args, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def stop_worker(proc: subprocess.Popen, log: Path) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-        raise AssertionError(f"worker ignored SIGTERM for 60 s; log:\n{log.read_text()[-3000:]}") from None
-
-
-def table_rows(uri: Path) -> int:
-    if not DeltaTable.is_deltatable(str(uri)):
-        return 0
-    return pl.scan_delta(str(uri)).select(pl.len()).collect().item()
-
-
-def wait_for(predicate, timeout_s: float, proc: subprocess.Popen, log: Path, what: str) -> float:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"worker exited with {proc.returncode} before {what}; log:\n{log.read_text()[-4000:]}"
-            )
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; log:\n{log.read_text()[-4000:]}")
-
-
-def group_caught_up(bootstrap_servers: str, group: str, topic: str) -> bool:
-    """True when `group` has committed the end offset of every partition of `topic`."""
-    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False})
-    try:
-        committed = probe.committed([TopicPartition(topic, p) for p in range(RAW_PARTITIONS)], timeout=10)
-        for tp in committed:
-            _, high = probe.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
-            if tp.offset < high:
-                return False
-        return True
-    finally:
-        probe.close()
-
-
-def read_dlq(bootstrap_servers: str, topic: str, expected: int, timeout_s: float = 30.0) -> list:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": f"dlq-reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])  # no group membership, nothing to clean up
-    out = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(out) < expected and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                out.append(msg)
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
-            msg = consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                out.append(msg)
-    finally:
-        consumer.close()
-    return out
 
 
 def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic, group_name, tmp_path):
@@ -206,7 +94,13 @@ def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic,
         done = wait_for(
             lambda: table_rows(traj_uri) + table_rows(dl_uri) >= published, 120, proc, log1, "all messages"
         )
-        wait_for(lambda: group_caught_up(bootstrap_servers, group1, raw), 60, proc, log1, "offset commit")
+        wait_for(
+            partial(group_caught_up, bootstrap_servers, group1, raw, RAW_PARTITIONS),
+            60,
+            proc,
+            log1,
+            "offset commit",
+        )
     finally:
         code = stop_worker(proc, log1) if proc.poll() is None else proc.returncode
     assert code == 0, log1.read_text()[-3000:]
@@ -261,7 +155,7 @@ def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic,
         assert reason
         assert raw_bytes == sent[(part, off)]
     assert set(letters["topic"]) == {raw}
-    dlq_messages = read_dlq(bootstrap_servers, dlq, len(bad))
+    dlq_messages = read_topic(bootstrap_servers, dlq, len(bad))
     assert len(dlq_messages) == len(bad)
     for msg in dlq_messages:
         headers = dict(msg.headers())
@@ -281,24 +175,28 @@ def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic,
     log2 = tmp_path / "worker2.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, group2, log2)
     try:
-        wait_for(lambda: group_caught_up(bootstrap_servers, group2, raw), 120, proc, log2, "the replay")
+        wait_for(
+            partial(group_caught_up, bootstrap_servers, group2, raw, RAW_PARTITIONS),
+            120,
+            proc,
+            log2,
+            "the replay",
+        )
     finally:
         code = stop_worker(proc, log2) if proc.poll() is None else proc.returncode
     assert code == 0, log2.read_text()[-3000:]
     assert DeltaTable(str(traj_uri)).version() == traj_version
     assert DeltaTable(str(dl_uri)).version() == dl_version
     assert table_rows(traj_uri) == VALID and table_rows(dl_uri) == len(bad)
-    assert len(read_dlq(bootstrap_servers, dlq, len(bad), timeout_s=5)) == len(bad)
-    assert f"replays skipped {published}" in log2.read_text()
+    assert len(read_topic(bootstrap_servers, dlq, len(bad), timeout_s=5)) == len(bad)
 
 
-def committed_offsets(bootstrap_servers: str, group: str, topic: str) -> dict[int, int]:
-    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False})
-    try:
-        committed = probe.committed([TopicPartition(topic, p) for p in range(RAW_PARTITIONS)], timeout=10)
-        return {tp.partition: tp.offset for tp in committed}
-    finally:
-        probe.close()
+def offsets_never_ahead_of_delta(bootstrap_servers: str, group: str, raw: str, traj_uri, app_id: str) -> None:
+    """Faust never committed an offset whose row is not in Delta."""
+    dt = DeltaTable(str(traj_uri))
+    for part, offset in committed_offsets(bootstrap_servers, group, raw, RAW_PARTITIONS).items():
+        stored = dt.transaction_version(txn_app_id(app_id, raw, part))
+        assert offset < 0 or (stored is not None and offset <= stored + 1), (part, offset, stored)
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
@@ -311,15 +209,17 @@ def test_worker_stopped_mid_stream_resumes_exactly_once(
     app_id = f"test-processor-{uuid.uuid4().hex[:8]}"
     group = group_name("stream-stop-g")
     codec = TrajectoryCodec()
-    records = list(SyntheticFleet(seed=11, group_size=4).trajectories(6000))
-    publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in records])
+    records = list(SyntheticFleet(seed=11, group_size=4).trajectories(5000))
+    before, after = records[:4000], records[4000:]
+    publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in before])
     traj_uri = lake / "trajectories"
 
+    # Stop as soon as the first batch is in Delta: usually mid-stream, but the invariants below
+    # hold wherever the stop lands.
     log1 = tmp_path / "worker1.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, group, log1)
     try:
         wait_for(lambda: table_rows(traj_uri) > 0, 120, proc, log1, "the first row")
-        time.sleep(0.3)
         proc.send_signal(stop_signal)
         code = proc.wait(timeout=60)
     finally:
@@ -327,32 +227,37 @@ def test_worker_stopped_mid_stream_resumes_exactly_once(
             proc.kill()
             proc.wait(timeout=10)
     written = table_rows(traj_uri)
-    assert 0 < written < len(records), "stop the worker mid-stream: publish more records"
     if stop_signal == signal.SIGTERM:
         assert code == 0, log1.read_text()[-3000:]
-    # Faust never committed an offset whose row is not in Delta.
-    dt = DeltaTable(str(traj_uri))
-    for part, offset in committed_offsets(bootstrap_servers, group, raw).items():
-        stored = dt.transaction_version(txn_app_id(app_id, raw, part))
-        assert offset < 0 or (stored is not None and offset <= stored + 1), (part, offset, stored)
+    offsets_never_ahead_of_delta(bootstrap_servers, group, raw, traj_uri, app_id)
+    assert pl.read_delta(str(traj_uri))["trajectory_id"].n_unique() == written
 
-    # After SIGTERM the worker left its group, so the same group resumes at once from its commits.
-    # A SIGKILLed member holds its partitions until its session times out (60 s), so that restart
-    # takes a new group: it re-reads from offset 0 and Delta's offsets drop what was written.
+    # More arrives while the worker is down. After SIGTERM the worker left its group, so the same
+    # group resumes at once from its commits. A SIGKILLed member holds its partitions until its
+    # session times out (60 s), so that restart takes a new group: it re-reads from offset 0 and
+    # Delta's offsets drop what was written.
+    publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in after])
     restart_group = group if stop_signal == signal.SIGTERM else group_name("stream-stop-restart")
     log2 = tmp_path / "worker2.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, restart_group, log2)
     try:
         wait_for(lambda: table_rows(traj_uri) >= len(records), 120, proc, log2, "all rows")
         wait_for(
-            lambda: group_caught_up(bootstrap_servers, restart_group, raw), 60, proc, log2, "offset commit"
+            partial(group_caught_up, bootstrap_servers, restart_group, raw, RAW_PARTITIONS),
+            60,
+            proc,
+            log2,
+            "offset commit",
         )
     finally:
         code = stop_worker(proc, log2) if proc.poll() is None else proc.returncode
     assert code == 0, log2.read_text()[-3000:]
+    offsets_never_ahead_of_delta(bootstrap_servers, restart_group, raw, traj_uri, app_id)
     ids = pl.read_delta(str(traj_uri))["trajectory_id"]
-    assert ids.len() == len(records) and ids.n_unique() == len(records)
-    print(f"\n{stop_signal.name}: {written} rows before the stop, {len(records) - written} after the restart")
+    assert ids.len() == len(records) and set(ids) == {r["trajectory_id"] for r in records}
+    print(
+        f"\n{stop_signal.name}: {written} of {len(before)} rows before the stop, the rest after the restart"
+    )
 
 
 def test_a_batch_that_cannot_be_written_stops_the_worker_without_committing(
@@ -368,12 +273,7 @@ def test_a_batch_that_cannot_be_written_stops_the_worker_without_committing(
     lake = tmp_path / "not-a-dir" / "lake"
     group = group_name("stream-crash-g")
     log = tmp_path / "worker.log"
-    args = [
-        sys.executable, "-m", "stream_processors", "--bootstrap-servers", bootstrap_servers,
-        "--lake-dir", str(lake), "--raw-topic", raw, "--dlq-topic", dlq, "--group-id", group,
-        "--write-retries", "1",
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, "crash", group, log, "--write-retries", "1")
     try:
         code = proc.wait(timeout=60)
     finally:
@@ -381,8 +281,9 @@ def test_a_batch_that_cannot_be_written_stops_the_worker_without_committing(
             proc.kill()
             proc.wait(timeout=10)
     text = log.read_text()
-    assert code != 0
-    assert "could not be written; stopping without acking" in text
-    assert "Could not create local directory" in text
-    assert all(offset < 0 for offset in committed_offsets(bootstrap_servers, group, raw).values())
-    assert not read_dlq(bootstrap_servers, dlq, 1, timeout_s=3)
+    assert code != 0, text[-3000:]
+    assert "stream_processors.exceptions.SinkError" in text  # the crash was the failing write
+    assert all(
+        offset < 0 for offset in committed_offsets(bootstrap_servers, group, raw, RAW_PARTITIONS).values()
+    )
+    assert not read_topic(bootstrap_servers, dlq, 1, timeout_s=3)

@@ -1,0 +1,92 @@
+"""Checks against the broker before the worker consumes: topics exist, and Delta is not ahead.
+
+Metadata requests list every topic instead of naming ours, since naming a topic makes a broker
+with auto.create.topics.enable create it with default settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from stream_processors.exceptions import StreamProcessorError
+
+
+class OffsetStore(Protocol):
+    """A table that records the highest source offset it holds per (topic, partition)."""
+
+    def stored_offset(self, topic: str, partition: int) -> int | None:
+        """The highest offset of (topic, partition) in the table, or None."""
+        ...
+
+
+def topic_partitions(
+    bootstrap_servers: str, topics: Iterable[str], *, timeout_s: float = 15.0
+) -> dict[str, int]:
+    """How many partitions each topic has; raises StreamProcessorError naming any that is missing."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=timeout_s)
+    out: dict[str, int] = {}
+    for topic in topics:
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            reason = found.error if found is not None else "not in metadata"
+            raise StreamProcessorError(
+                f"topic {topic!r} is not available on {bootstrap_servers} ({reason}): provision the "
+                "topics first (`rollstream up`), or pass raw_partitions to skip this lookup "
+                "(and ultra_topic=None if there is no ultra topic)"
+            )
+        out[topic] = len(found.partitions)
+    return out
+
+
+def topic_partition_count(bootstrap_servers: str, topic: str, *, timeout_s: float = 15.0) -> int:
+    """How many partitions `topic` has, from broker metadata; raises if the topic does not exist."""
+    return topic_partitions(bootstrap_servers, [topic], timeout_s=timeout_s)[topic]
+
+
+def high_watermarks(
+    bootstrap_servers: str, topics: Iterable[str], *, timeout_s: float = 15.0
+) -> dict[tuple[str, int], int]:
+    """The offset the next message of each partition of `topics` will get."""
+    counts = topic_partitions(bootstrap_servers, topics, timeout_s=timeout_s)
+    request = {TopicPartition(t, p): OffsetSpec.latest() for t, n in counts.items() for p in range(n)}
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    try:
+        futures = admin.list_offsets(request, request_timeout=timeout_s)
+        return {(tp.topic, tp.partition): f.result(timeout=timeout_s).offset for tp, f in futures.items()}
+    except KafkaException as exc:
+        raise StreamProcessorError(
+            f"could not read the end offsets of {sorted(counts)} from {bootstrap_servers}: "
+            f"{exc.args[0]}; check the broker"
+        ) from exc
+
+
+def check_stored_offsets(
+    bootstrap_servers: str, topics: Sequence[str], stores: Iterable[tuple[str, OffsetStore]]
+) -> None:
+    """Refuse to start when a table holds an offset the topic has not reached.
+
+    That happens when a topic was deleted and created again while the lake was kept: every new
+    message would have an offset at or below the stored one and be dropped as a replay.
+
+    Args:
+        bootstrap_servers: Kafka "host:port[,host:port]".
+        topics: the topics the worker consumes.
+        stores: (table name, table) pairs whose stored offsets are compared.
+    """
+    ends = high_watermarks(bootstrap_servers, topics)
+    for name, store in stores:
+        for (topic, partition), end in sorted(ends.items()):
+            stored = store.stored_offset(topic, partition)
+            if stored is not None and stored >= end:
+                raise StreamProcessorError(
+                    f"the {name} table stored offset {stored} for {topic}[{partition}], but that "
+                    f"partition ends at offset {end} (next offset to be written): the topic was "
+                    "recreated or truncated since this lake was written, and every new message "
+                    "would be dropped as already written. Point the worker at a new lake "
+                    "directory; or, to append to these tables, use a new app_id (its offsets start "
+                    "afresh; the old rows keep coordinates that new messages will repeat)"
+                )

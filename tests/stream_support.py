@@ -1,0 +1,159 @@
+"""Helpers of the stream worker tests: publish, run the worker as a subprocess, read results back."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from deltalake import DeltaTable
+
+REPO = Path(__file__).resolve().parents[1]
+BIG = {"message.max.bytes": 67_108_864}
+
+
+@pytest.fixture(name="group_name")
+def group_name_fixture(admin) -> Iterator[Callable[[str], str]]:
+    """Unique consumer group names for one test, deleted from the broker afterwards."""
+    made: list[str] = []
+
+    def make(prefix: str) -> str:
+        made.append(f"{prefix}-{uuid.uuid4().hex[:8]}")
+        return made[-1]
+
+    yield make
+    for future in admin.delete_consumer_groups(made).values() if made else ():
+        with contextlib.suppress(Exception):  # a group that never committed does not exist
+            future.result(timeout=30)
+
+
+def publish(
+    bootstrap_servers: str,
+    topic: str,
+    messages: list[tuple[bytes | None, bytes]],
+    config: Mapping[str, Any] | None = None,
+) -> dict[tuple[int, int], bytes]:
+    """Publish and return {(partition, offset): value} from the delivery reports."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all", **(config or {})}
+    )
+    delivered: dict[tuple[int, int], bytes] = {}
+    errors: list[str] = []
+
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            delivered[(msg.partition(), msg.offset())] = msg.value()
+
+    for key, value in messages:
+        producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    assert not errors
+    assert len(delivered) == len(messages)
+    return delivered
+
+
+def start_worker(
+    bootstrap_servers: str, lake: Path, raw: str, dlq: str, app_id: str, group: str, log: Path, *extra: str
+) -> subprocess.Popen:
+    """The worker as a subprocess, run in the log's directory so Faust's data dir lands there."""
+    args = [
+        sys.executable, "-m", "stream_processors",
+        "--bootstrap-servers", bootstrap_servers, "--lake-dir", str(lake),
+        "--raw-topic", raw, "--ultra-topic", "", "--dlq-topic", dlq, "--app-id", app_id,
+        "--group-id", group, "--batch-size", "250", "--batch-within-s", "0.5", "--loglevel", "info", *extra,
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.Popen(args, cwd=log.parent, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def stop_worker(proc: subprocess.Popen, log: Path) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise AssertionError(f"worker ignored SIGTERM for 60 s; log:\n{log.read_text()[-3000:]}") from None
+
+
+def table_rows(uri: Path) -> int:
+    if not DeltaTable.is_deltatable(str(uri)):
+        return 0
+    return pl.scan_delta(str(uri)).select(pl.len()).collect().item()
+
+
+def wait_for(predicate, timeout_s: float, proc: subprocess.Popen, log: Path, what: str) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"worker exited with {proc.returncode} before {what}; log:\n{log.read_text()[-4000:]}"
+            )
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; log:\n{log.read_text()[-4000:]}")
+
+
+def committed_offsets(bootstrap_servers: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset per partition of `topic` (negative: none committed)."""
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    try:
+        committed = probe.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return {tp.partition: tp.offset for tp in committed}
+    finally:
+        probe.close()
+
+
+def group_caught_up(bootstrap_servers: str, group: str, topic: str, partitions: int) -> bool:
+    """True when `group` has committed the end offset of every partition of `topic`."""
+    probe = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": "probe", "enable.auto.commit": False}
+    )
+    try:
+        for partition, offset in committed_offsets(bootstrap_servers, group, topic, partitions).items():
+            _, high = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            if offset < high:
+                return False
+        return True
+    finally:
+        probe.close()
+
+
+def read_topic(bootstrap_servers: str, topic: str, expected: int, timeout_s: float = 30.0) -> list[Message]:
+    """Every message of partition 0, waiting for `expected` and then 2 s more for any extra."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": "reader", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])  # no group membership, nothing to clean up
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+    finally:
+        consumer.close()
+    return out
