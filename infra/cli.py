@@ -83,7 +83,7 @@ def _process(args: argparse.Namespace) -> int:
         app_id=args.app_id,
         group_id=args.group_id,
         write_retries=args.write_retries,
-        ultra_topic=settings.ultra_topic,
+        ultra_topic=None if args.no_ultra else settings.ultra_topic,
         data_dir=settings.state_dir / "faust",
         batch_size=args.batch_size,
         batch_within_s=args.batch_within,
@@ -164,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--write-retries", type=int, default=5, help="Delta write attempts before the worker stops"
     )
+    p.add_argument("--no-ultra", action="store_true", help="do not consume the ultra-long topic")
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--batch-within", type=float, default=1.0, help="seconds to wait to fill a batch")
     p.add_argument("--loglevel", default="info")

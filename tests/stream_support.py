@@ -66,18 +66,35 @@ def publish(
 
 
 def start_worker(
-    bootstrap_servers: str, lake: Path, raw: str, dlq: str, app_id: str, group: str, log: Path, *extra: str
+    bootstrap_servers: str,
+    lake: Path,
+    raw: str,
+    dlq: str,
+    app_id: str,
+    group: str,
+    log: Path,
+    *,
+    ultra: str | None = None,
+    write_retries: int | None = None,
 ) -> subprocess.Popen:
-    """The worker as a subprocess, run in the log's directory so Faust's data dir lands there."""
+    """`rollstream process` as a subprocess; its state (Faust's data dir) lands beside the log."""
     args = [
-        sys.executable, "-m", "stream_processors",
-        "--bootstrap-servers", bootstrap_servers, "--lake-dir", str(lake),
-        "--raw-topic", raw, "--ultra-topic", "", "--dlq-topic", dlq, "--app-id", app_id,
-        "--group-id", group, "--batch-size", "250", "--batch-within-s", "0.5", "--loglevel", "info", *extra,
+        sys.executable, "-m", "infra.cli", "process", "--app-id", app_id, "--group-id", group,
+        "--batch-size", "250", "--batch-within", "0.5", "--loglevel", "info",
     ]  # fmt: skip
+    if ultra is None:
+        args.append("--no-ultra")
+    if write_retries is not None:
+        args += ["--write-retries", str(write_retries)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "ROLLSTREAM_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "ROLLSTREAM_STATE_DIR": str(log.parent),
+        "ROLLSTREAM_LAKE_DIR": str(lake),
+        "ROLLSTREAM_RAW_TOPIC": raw,
+        "ROLLSTREAM_DLQ_TOPIC": dlq,
+        **({"ROLLSTREAM_ULTRA_TOPIC": ultra} if ultra is not None else {}),
     }
     return subprocess.Popen(args, cwd=log.parent, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 

@@ -273,7 +273,7 @@ def test_a_batch_that_cannot_be_written_stops_the_worker_without_committing(
     lake = tmp_path / "not-a-dir" / "lake"
     group = group_name("stream-crash-g")
     log = tmp_path / "worker.log"
-    proc = start_worker(bootstrap_servers, lake, raw, dlq, "crash", group, log, "--write-retries", "1")
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, "crash", group, log, write_retries=1)
     try:
         code = proc.wait(timeout=60)
     finally:

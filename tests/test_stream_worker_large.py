@@ -58,7 +58,7 @@ def test_big_dead_letters_and_ultra_trajectories_land(bootstrap_servers, make_to
     lake = tmp_path / "lake"
     log = tmp_path / "worker.log"
     group = group_name("stream-large-g")
-    proc = start_worker(bootstrap_servers, lake, raw, dlq, "large", group, log, "--ultra-topic", ultra)
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, "large", group, log, ultra=ultra)
     try:
         wait_for(
             lambda: table_rows(lake / "trajectories") == len(records) + 1
