@@ -64,7 +64,7 @@ class DemoSummary:
                 f"  published        {self.published:>8}  ({self.malformed_published} malformed on purpose)",
                 f"  rows in Delta    {self.delta_rows:>8}  {self.table_uri} (version {self.table_version})",
                 f"  dead letters     {self.dead_letters:>8}  {self.dead_letters_uri} and the rollouts.dlq topic",
-                f"  duplicates       {self.duplicates:>8}  (trajectory_id seen twice in the table)",
+                f"  duplicates       {self.duplicates:>8}  (this run's messages found twice, or its trajectory_ids repeated)",
                 f"  => {verdict}",
                 f"  processed in {self.seconds.get('process', 0):.1f} s ({rate:.0f} messages/s, the processor's start included); "
                 f"learned in {self.seconds.get('learn', 0):.1f} s, final loss {self.final_loss:.4f}, "
