@@ -97,6 +97,8 @@ def render_properties(settings: Settings, specs: Iterable[TopicSpec]) -> str:
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "group.initial.rebalance.delay.ms=0",
+        # Topics are declared in infra/topics.toml: a misspelt name must fail, not quietly create one.
+        "auto.create.topics.enable=false",
         f"message.max.bytes={message_max}",
         f"socket.request.max.bytes={max(104_857_600, message_max + 1_048_576)}",
     ]

@@ -1,10 +1,12 @@
-"""Provisioning brings existing topics in line with their declaration, on the shared dev broker."""
+"""Provisioning brings existing topics in line with their declaration; undeclared ones never appear."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from infra.exceptions import TopicProvisionError
@@ -44,3 +46,15 @@ def test_fewer_declared_partitions_is_an_error_but_configs_still_apply(
 
     assert describe_topic_configs(admin, topic)["retention.ms"] == "7200000"
     assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 2
+
+
+@pytest.mark.timeout(60)
+def test_an_undeclared_topic_is_never_created_by_use(bootstrap_servers: str, admin: AdminClient) -> None:
+    name = f"undeclared-{uuid.uuid4().hex[:8]}"
+    admin.list_topics(name, timeout=10)  # a metadata request naming it would auto-create it
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "message.timeout.ms": 5000})
+    errors: list[KafkaError] = []
+    producer.produce(name, b"x", on_delivery=lambda err, _msg: errors.append(err))
+    producer.flush(15)
+    assert errors and errors[0] is not None  # the broker refused: topics come from infra/topics.toml
+    assert name not in admin.list_topics(timeout=10).topics
