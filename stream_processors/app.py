@@ -183,6 +183,10 @@ def create_app(
             except Exception as exc:
                 await app.crash(exc)
                 return
+            # Acks are ours alone, for good: noack_take restores enable_acks when it ends, and
+            # Faust's passive drainer would then ack, unprocessed, whatever it still buffers
+            # (seen: offsets committed after a failed Delta write, on partitions never written).
+            stream.enable_acks = False
             async for events in cast(faust.Stream, stream).noack_take(size, within=batch_within_s):
                 messages = [
                     SourceMessage(

@@ -29,6 +29,7 @@ from stream_support import (
     stop_worker,
     table_rows,
     wait_for,
+    wait_for_exit,
 )
 
 from producers.fleet import SyntheticFleet
@@ -274,16 +275,9 @@ def test_a_batch_that_cannot_be_written_stops_the_worker_without_committing(
     group = group_name("stream-crash-g")
     log = tmp_path / "worker.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, "crash", group, log, write_retries=1)
-    try:
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-    text = log.read_text()
+    code, text = wait_for_exit(proc, log, timeout=60)
     assert code != 0, text[-3000:]
     assert "stream_processors.exceptions.SinkError" in text  # the crash was the failing write
-    assert all(
-        offset < 0 for offset in committed_offsets(bootstrap_servers, group, raw, RAW_PARTITIONS).values()
-    )
+    committed = committed_offsets(bootstrap_servers, group, raw, RAW_PARTITIONS)
+    assert all(offset < 0 for offset in committed.values()), committed
     assert not read_topic(bootstrap_servers, dlq, 1, timeout_s=3)
