@@ -25,10 +25,10 @@ from infra.processes import (
     can_connect,
     owned_pid,
     require_free_port,
-    spawn_detached,
+    start_service,
     stderr_progress,
+    stop_service,
     tail,
-    terminate,
 )
 from infra.settings import Settings
 from infra.topics import TopicSpec, admin_client, max_message_bytes
@@ -147,31 +147,20 @@ def start_broker(
     paths.properties.write_text(render_properties(settings, specs))
     _format_once(java, jars, paths, progress)
     progress(f"starting kafka broker {settings.kafka_version} at {settings.bootstrap_servers}")
-    process = spawn_detached(
+    process = start_service(
         [java, f"-Xmx{settings.kafka_heap}", *_jvm_flags(jars, paths), KAFKA_MAIN, str(paths.properties)],
         pid_file=paths.pid_file,
         log_file=paths.console_log,
         cwd=paths.root,
+        wait_ready=lambda started: _wait_ready(settings, started, paths, timeout),
     )
-    try:
-        _wait_ready(settings, process, paths, timeout)
-    except BrokerError:
-        if process.poll() is None:
-            terminate(process.pid, timeout=15.0)
-        paths.pid_file.unlink(missing_ok=True)
-        raise
     progress(f"kafka broker ready (pid {process.pid}); log: {paths.server_log}")
     return process.pid, True
 
 
 def stop_broker(settings: Settings, timeout: float = STOP_TIMEOUT_S) -> int | None:
     """Stop our broker (SIGTERM, then SIGKILL after ``timeout`` s); return its pid, or None if none ran."""
-    paths = BrokerPaths.of(settings)
-    pid = broker_status(settings).pid
-    if pid is not None:
-        terminate(pid, timeout=timeout)
-    paths.pid_file.unlink(missing_ok=True)
-    return pid
+    return stop_service(broker_status(settings).pid, BrokerPaths.of(settings).pid_file, timeout=timeout)
 
 
 def _markers(paths: BrokerPaths) -> list[str]:

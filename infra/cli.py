@@ -72,23 +72,23 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _process(args: argparse.Namespace) -> int:
-    from stream_processors.worker import run_worker
+    from stream_processors import create_app, run_worker
 
     settings = _settings(args)
-    run_worker(
+    app = create_app(
         bootstrap_servers=settings.bootstrap_servers,
         lake_dir=settings.lake_dir,
         raw_topic=settings.raw_topic,
+        ultra_topic=None if args.no_ultra else settings.ultra_topic,
         dlq_topic=settings.dlq_topic,
         app_id=args.app_id,
         group_id=args.group_id,
-        write_retries=args.write_retries,
-        ultra_topic=None if args.no_ultra else settings.ultra_topic,
-        data_dir=settings.state_dir / "faust",
         batch_size=args.batch_size,
         batch_within_s=args.batch_within,
-        loglevel=args.loglevel,
+        write_retries=args.write_retries,
+        data_dir=settings.state_dir / "faust",
     )
+    run_worker(app, loglevel=args.loglevel)
     return 0
 
 

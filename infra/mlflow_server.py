@@ -21,10 +21,10 @@ from infra.processes import (
     ProcessStatus,
     owned_pid,
     require_free_port,
-    spawn_detached,
+    start_service,
     stderr_progress,
+    stop_service,
     tail,
-    terminate,
 )
 from infra.settings import Settings
 
@@ -99,32 +99,23 @@ def start_mlflow_server(
     if settings.tracking_uri.startswith("sqlite:///"):
         Path(settings.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     progress(f"starting mlflow server at {mlflow_url(settings)} over {settings.tracking_uri}")
-    process = spawn_detached(
+    process = start_service(
         _command(settings, paths),
         pid_file=paths.pid_file,
         log_file=paths.log_file,
         cwd=paths.root,
         env={**os.environ, **_SERVER_ENV},
+        wait_ready=lambda started: _wait_healthy(settings, started, paths, timeout),
+        group=True,
     )
-    try:
-        _wait_healthy(settings, process, paths, timeout)
-    except MlflowServerError:
-        if process.poll() is None:
-            terminate(process.pid, timeout=10.0, group=True)
-        paths.pid_file.unlink(missing_ok=True)
-        raise
     progress(f"mlflow server ready (pid {process.pid}) at {mlflow_url(settings)}; log: {paths.log_file}")
     return process.pid, True
 
 
 def stop_mlflow_server(settings: Settings, timeout: float = STOP_TIMEOUT_S) -> int | None:
     """Stop our tracking server and its workers (its process group); return its pid, or None."""
-    paths = MlflowPaths.of(settings)
     pid = mlflow_server_status(settings).pid
-    if pid is not None:
-        terminate(pid, timeout=timeout, group=True)
-    paths.pid_file.unlink(missing_ok=True)
-    return pid
+    return stop_service(pid, MlflowPaths.of(settings).pid_file, timeout=timeout, group=True)
 
 
 def _command(settings: Settings, paths: MlflowPaths) -> list[str]:

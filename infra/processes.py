@@ -161,6 +161,40 @@ def spawn_detached(
     return process
 
 
+def start_service(
+    argv: Sequence[str],
+    *,
+    pid_file: Path,
+    log_file: Path,
+    cwd: Path,
+    wait_ready: Callable[[subprocess.Popen[bytes]], None],
+    env: Mapping[str, str] | None = None,
+    group: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Spawn a detached service and wait until `wait_ready` returns.
+
+    If waiting fails (or is interrupted), whatever started is stopped and its pid file removed
+    before the error propagates, so a failed start leaves nothing behind.
+    """
+    process = spawn_detached(argv, pid_file=pid_file, log_file=log_file, cwd=cwd, env=env)
+    try:
+        wait_ready(process)
+    except BaseException:
+        if process.poll() is None:
+            terminate(process.pid, timeout=15.0, group=group)
+        pid_file.unlink(missing_ok=True)
+        raise
+    return process
+
+
+def stop_service(pid: int | None, pid_file: Path, *, timeout: float, group: bool = False) -> int | None:
+    """Stop a service found running by its pid file (None: nothing ran); returns that pid."""
+    if pid is not None:
+        terminate(pid, timeout=timeout, group=group)
+    pid_file.unlink(missing_ok=True)
+    return pid
+
+
 def terminate(pid: int, *, timeout: float, group: bool = False) -> bool:
     """SIGTERM ``pid`` (or its process group), wait up to ``timeout`` s, then SIGKILL.
 

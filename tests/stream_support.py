@@ -99,6 +99,17 @@ def start_worker(
     return subprocess.Popen(args, cwd=log.parent, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
+def wait_for_exit(proc: subprocess.Popen, log: Path, timeout: float) -> tuple[int, str]:
+    """Wait for a worker that should stop by itself; returns its exit code and log."""
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    return code, log.read_text()
+
+
 def stop_worker(proc: subprocess.Popen, log: Path) -> int:
     proc.send_signal(signal.SIGTERM)
     try:

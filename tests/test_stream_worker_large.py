@@ -21,6 +21,7 @@ from stream_support import (
     stop_worker,
     table_rows,
     wait_for,
+    wait_for_exit,
 )
 
 from producers.fleet import SyntheticFleet
@@ -98,13 +99,7 @@ def test_the_worker_refuses_a_lake_ahead_of_its_topic(bootstrap_servers, make_to
 
     log = tmp_path / "worker.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, "kept", group_name("stream-ahead-g"), log)
-    try:
-        code = proc.wait(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-    text = log.read_text()
+    code, text = wait_for_exit(proc, log, timeout=90)
     assert code != 0, text[-3000:]
     assert f"trajectories table stored offset 50 for {raw}[0], but that partition ends at offset 3" in text
     assert DeltaTable(str(lake / "trajectories")).version() == version
