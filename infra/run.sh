@@ -33,7 +33,8 @@ if [ ! -f "$venv/.complete" ]; then
   "$venv.partial/bin/python" - "$repo/pyproject.toml" > "$venv.partial/requirements.txt" <<'PY'
 import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(project["dependencies"] + project["optional-dependencies"]["dev"]))
+extras = project["optional-dependencies"]
+print("\n".join(project["dependencies"] + extras["dev"] + extras["bench"]))
 PY
   "$venv.partial/bin/pip" install --progress-bar off -r "$venv.partial/requirements.txt"
   rm -rf "$venv"
