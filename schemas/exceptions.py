@@ -19,3 +19,7 @@ class DecodeError(RollstreamError):
 
 class UnknownSchemaError(DecodeError):
     """The message names a writer schema fingerprint this codec does not know."""
+
+
+class ProfileError(RollstreamError):
+    """An inference workload profile or trace is missing, malformed or inconsistent."""
