@@ -18,6 +18,10 @@ from infra.settings import Settings
 from schemas.exceptions import RollstreamError
 
 
+class UsageError(RollstreamError):
+    """A flag's value cannot be used; the message says which and what to write."""
+
+
 def _progress(message: str) -> None:
     print(f"[rollstream] {message}", file=sys.stderr, flush=True)
 
@@ -108,6 +112,67 @@ def _learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sql(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from consumers.sql import query, resolve_versions
+
+    settings = _settings(args)
+    as_of = None
+    if args.as_of:
+        try:
+            as_of = datetime.fromisoformat(args.as_of)
+        except ValueError:
+            raise UsageError(
+                f"--as-of {args.as_of!r} is not an ISO timestamp, e.g. 2026-11-30T08:00:00+00:00"
+            ) from None
+    frame = query(
+        args.query,
+        lake_dir=settings.lake_dir,
+        versions=resolve_versions(args.query, args.version),
+        as_of=as_of,
+    )
+    result = frame.collect()
+    if args.format == "table":
+        import polars as pl
+
+        with pl.Config(tbl_rows=args.max_rows, tbl_cols=-1, fmt_str_lengths=60, fmt_table_cell_list_len=4):
+            print(result)
+    elif args.format == "csv":
+        result.write_csv(args.out or sys.stdout)
+    elif args.format == "json":
+        result.write_ndjson(args.out or sys.stdout)
+    else:
+        if args.out is None and sys.stdout.isatty():
+            raise UsageError("--format parquet writes binary: pass --out FILE or redirect stdout")
+        result.write_parquet(args.out or sys.stdout.buffer)
+    return 0
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from consumers.sql import existing_tables, table_location
+    from infra.maintenance import maintain_table
+
+    settings = _settings(args)
+    names = args.table or existing_tables(settings.lake_dir)
+    if not names:
+        raise UsageError(f"no Delta tables under {settings.lake_dir}: nothing to maintain")
+    for name in names:
+        report = maintain_table(
+            table_location(settings.lake_dir, name),
+            compact=not args.no_compact,
+            checkpoint=not args.no_checkpoint,
+            vacuum=not args.no_vacuum,
+            delete=args.yes,
+            retention_hours=args.retention_hours,
+            progress=_progress,
+        )
+        print(json.dumps({"name": name, **report.as_dict()}))
+    if not args.yes and not args.no_vacuum:
+        _progress("vacuum was a dry run: run again with --yes to delete the files counted above")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from infra.demo import run_demo
 
@@ -173,6 +238,36 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--experiment", default="rollstream")
+
+    p = command(
+        "sql", _sql, "run SQL over the lake's tables (trajectories, dead_letters, ...), with time travel"
+    )
+    p.add_argument("query", help='e.g. "SELECT domain, avg(reward) FROM trajectories GROUP BY domain"')
+    p.add_argument(
+        "--version",
+        action="append",
+        default=[],
+        metavar="[TABLE=]N",
+        help="read a table at version N (repeatable; a bare N applies to the one table the query names)",
+    )
+    p.add_argument("--as-of", help="read every table as it was at this ISO timestamp")
+    p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
+    p.add_argument("--out", type=Path, help="write csv/json/parquet to this file instead of stdout")
+    p.add_argument("--max-rows", type=int, default=40, help="rows shown by --format table")
+
+    p = command(
+        "maintain",
+        _maintain,
+        "compact, checkpoint and vacuum the lake's tables (vacuum: dry run unless --yes)",
+    )
+    p.add_argument(
+        "--table", action="append", help="a table name (repeatable; default every table in the lake)"
+    )
+    p.add_argument("--retention-hours", type=int, default=168, help="versions kept readable by vacuum")
+    p.add_argument("--yes", action="store_true", help="really delete the files vacuum finds")
+    p.add_argument("--no-compact", action="store_true")
+    p.add_argument("--no-checkpoint", action="store_true")
+    p.add_argument("--no-vacuum", action="store_true")
 
     p = command("demo", _demo, "up, publish, process, learn, and print where every trajectory went")
     p.add_argument("--trajectories", type=int, default=10_000)
