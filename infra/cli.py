@@ -173,6 +173,15 @@ def _maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from consumers.report import build_report
+
+    report = build_report(_settings(args).lake_dir, args.out, progress=_progress)
+    _progress(f"open {report.html_path}")
+    print(json.dumps(report.as_dict()))
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from infra.demo import run_demo
 
@@ -268,6 +277,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compact", action="store_true")
     p.add_argument("--no-checkpoint", action="store_true")
     p.add_argument("--no-vacuum", action="store_true")
+
+    p = command("report", _report, "write an HTML report (and a PNG per plot) of the lake's tables")
+    p.add_argument("--out", type=Path, default=Path("rollstream-report"), help="directory to write into")
 
     p = command("demo", _demo, "up, publish, process, learn, and print where every trajectory went")
     p.add_argument("--trajectories", type=int, default=10_000)
