@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaException
 
@@ -55,7 +56,24 @@ def _down(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from infra import services
 
-    status = services.status(_settings(args))
+    settings = _settings(args)
+    if args.watch:
+        from infra.broker import broker_status
+        from infra.watch import take_snapshot, watch
+
+        def look() -> Any:
+            return take_snapshot(
+                broker=broker_status(settings),
+                bootstrap_servers=settings.bootstrap_servers,
+                topics=(settings.raw_topic, settings.ultra_topic),
+                lake_dir=str(settings.lake_dir),
+                tracking_uri=settings.tracking_uri,
+                group=args.group,
+            )
+
+        watch(look, interval_s=args.interval, iterations=args.iterations)
+        return 0
+    status = services.status(settings)
     print(json.dumps(status.as_dict(), default=str) if args.json else status.describe())
     return 0 if status.running else 3
 
@@ -224,6 +242,14 @@ def _parser() -> argparse.ArgumentParser:
     command("down", _down, "stop what `up` started, by pid")
     p = command("status", _status, "report the local services (exit 3 when the broker is down)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="live view: lag per partition, rows/s, tables, learner; Ctrl-C ends",
+    )
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between --watch refreshes")
+    p.add_argument("--iterations", type=int, default=None, help="stop --watch after this many refreshes")
+    p.add_argument("--group", default="rollstream-processor", help="the processor's consumer group, for lag")
 
     p = command("produce", _produce, "publish synthetic trajectories (and some malformed ones) to Kafka")
     p.add_argument("--trajectories", type=int, default=10_000)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from infra.exceptions import PortInUseError
 
 
@@ -88,24 +90,18 @@ def read_pid(pid_file: Path) -> int | None:
 def is_alive(pid: int) -> bool:
     """Whether ``pid`` runs; reaps it when it is an exited child of this interpreter.
 
-    Every thread is checked, not only the leader: a JVM's main thread can be a zombie while its
-    other threads are still shutting the broker down.
+    A zombie leader with live threads counts as alive: a JVM's main thread can be a zombie while
+    its other threads are still shutting the broker down.
     """
     if _reap(pid):
         return False
     try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in threads:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        if stat.rpartition(")")[2].split()[0] not in {"Z", "X"}:
+        process = psutil.Process(pid)
+        if process.status() != psutil.STATUS_ZOMBIE:
             return True
-    _reap(pid)  # it may have exited after the first attempt
-    return False
+        return process.num_threads() > 1
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
 
 
 def _reap(pid: int) -> bool:
@@ -118,12 +114,11 @@ def _reap(pid: int) -> bool:
 
 
 def command_line(pid: int) -> list[str]:
-    """The argv of ``pid`` from /proc, empty when it is gone."""
+    """The argv of ``pid``, empty when it is gone."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
 def owned_pid(pid_file: Path, markers: Sequence[str]) -> int | None:
@@ -233,15 +228,12 @@ def terminate(pid: int, *, timeout: float, group: bool = False) -> bool:
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids in process group ``pgid``."""
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter(["status"]):
         try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
             continue
-        if int(fields[2]) == pgid and fields[0] not in {"Z", "X"}:
-            members.append(int(entry.name))
     return members
 
 

@@ -106,3 +106,43 @@ def test_report_without_a_table_is_one_clear_error(tmp_path):
     )
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert json.dumps("no trajectories table")[1:-1] in out.stderr
+
+
+def test_report_renders_in_headless_chromium_with_plots_drawn(tmp_path):
+    import shutil
+
+    import matplotlib.image
+    import numpy as np
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is needed: `bash infra/run.sh test` installs it when missing"
+    lake = tmp_path / "lake"
+    write_deltalake(str(lake / "trajectories"), trajectory_rows(200), partition_by=["bucket"])
+    report = build_report(lake, tmp_path / "out")
+    shot = tmp_path / "shot.png"
+    result = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1100,6000",
+            f"--screenshot={shot}",
+            report.html_path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.exists(), result.stderr[-2000:]
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert console == [], console
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    ink = pixels.mean(axis=2) < 0.9  # anything not (near) white
+    colour = np.ptp(pixels, axis=2) > 0.3  # saturated pixels: the plotted bars and lines
+    assert ink.mean() > 0.02 and colour.sum() > 20_000
+    # Every plot is drawn: each horizontal band holding an image has coloured pixels.
+    rows_with_colour = np.flatnonzero(colour.any(axis=1))
+    assert rows_with_colour.size > 1_000

@@ -147,3 +147,45 @@ def test_maintain_while_a_txn_writer_appends_keeps_rows_and_offsets(tmp_path):
     assert frame.height == written and frame["offset"].n_unique() == written
     assert table.transaction_version("rollstream-test|rollouts.raw|0") == written - 1
     assert len(table.file_uris()) < written
+
+
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("fmt", ["table", "csv", "json", "parquet"])
+def test_cli_answers_match_polars_directly(lake, tmp_path, version, fmt):
+    import os
+
+    direct = (
+        pl.read_delta(str(lake / "dead_letters"), version=version)
+        .group_by("reason")
+        .agg(pl.len().alias("n"), pl.col("offset").max().alias("last"))
+        .sort("reason")
+    )
+    sql = (
+        "SELECT reason, count(*) AS n, max(offset) AS last FROM dead_letters GROUP BY reason ORDER BY reason"
+    )
+    out_file = tmp_path / f"out.{fmt}"
+    args = [sys.executable, "-m", "infra.cli", "sql", sql, "--version", str(version), "--format", fmt]
+    if fmt == "parquet":
+        args += ["--out", str(out_file)]
+    result = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ROLLSTREAM_LAKE_DIR": str(lake)},
+    )
+    assert result.returncode == 0, result.stderr
+    if fmt == "csv":
+        got = pl.read_csv(result.stdout.encode())
+    elif fmt == "json":
+        got = pl.read_ndjson(result.stdout.encode())
+    elif fmt == "parquet":
+        got = pl.read_parquet(out_file)
+    else:
+        for reason, n, last in direct.iter_rows():
+            assert any(
+                reason in line and f" {n} " in line and f" {last} " in line
+                for line in result.stdout.splitlines()
+            )
+        return
+    assert got.cast(direct.schema).equals(direct)
