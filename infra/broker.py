@@ -11,7 +11,6 @@ import base64
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from infra.processes import (
     ProcessStatus,
     can_connect,
     owned_pid,
+    poll_until,
     require_free_port,
     start_service,
     stderr_progress,
@@ -218,10 +218,11 @@ def _wait_ready(
     settings: Settings, process: subprocess.Popen[bytes], paths: BrokerPaths, timeout: float
 ) -> None:
     """Wait until the broker accepts connections and answers a metadata request with itself in it."""
-    deadline = time.monotonic() + timeout
     admin = None
     last_error = "no connection yet"
-    while time.monotonic() < deadline:
+
+    def ready() -> bool | None:
+        nonlocal admin, last_error
         code = process.poll()
         if code is not None:
             raise BrokerError(
@@ -232,10 +233,13 @@ def _wait_ready(
             admin = admin or admin_client(settings.bootstrap_servers)
             try:
                 if admin.list_topics(timeout=5).brokers:
-                    return
+                    return True
             except KafkaException as exc:
                 last_error = str(exc)
-        time.sleep(0.3)
+        return None
+
+    if poll_until(ready, timeout=timeout, interval=0.3):
+        return
     raise BrokerError(
         f"kafka broker did not become ready at {settings.bootstrap_servers} within {timeout:.0f} s "
         f"({last_error}); it was stopped. See {paths.server_log}. Last lines:\n{tail(paths.server_log)}"

@@ -12,14 +12,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
+import tenacity
 
 from infra.exceptions import PortInUseError
+
+T = TypeVar("T")
 
 
 def stderr_progress(message: str) -> None:
@@ -237,13 +240,22 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def poll_until(check: Callable[[], T | None], *, timeout: float, interval: float = 0.1) -> T | None:
+    """Call `check` every `interval` s until it returns something other than None, or `timeout` passes.
+
+    Exceptions from `check` propagate at once (they are not retried); returns None on timeout.
+    """
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_delay(timeout),
+        wait=tenacity.wait_fixed(interval),
+        retry=tenacity.retry_if_result(lambda result: result is None),
+        retry_error_callback=lambda _: None,
+    )
+    return retrying(check)
+
+
 def _wait(done: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    return poll_until(lambda: True if done() else None, timeout=timeout) is not None
 
 
 def _leads_group(pid: int) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
@@ -84,7 +85,13 @@ def group_lag(
 
 
 def learner_progress(tracking_uri: str) -> dict[str, Any]:
-    """The newest MLflow run's id, status and latest metrics, or {} when there is none."""
+    """The newest MLflow run's id, status and latest metrics, or {} when there is none.
+
+    A sqlite store that does not exist yet is not created: looking must change nothing (and
+    creating one beside the Kafka client's threads crashed the interpreter here).
+    """
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        return {}
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)

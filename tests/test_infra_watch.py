@@ -17,7 +17,7 @@ def run_in_pty(argv: list[str], timeout_s: float = 120.0) -> tuple[int, str]:
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
-        env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm", "PYTHONFAULTHANDLER": "1"},
     )
     os.close(slave)
     chunks: list[bytes] = []
