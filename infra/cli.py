@@ -34,6 +34,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         kafka_port=args.kafka_port,
         controller_port=args.controller_port,
         mlflow_port=args.mlflow_port,
+        brokers=args.brokers,
     )
 
 
@@ -227,6 +228,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--controller-port", type=int, help="the KRaft controller port on 127.0.0.1")
     common.add_argument(
         "--mlflow-port", type=int, help="the MLflow server's port on 127.0.0.1 (up --mlflow-server)"
+    )
+    common.add_argument(
+        "--brokers", type=int, help="local Kafka nodes (up starts a KRaft cluster of this many; default 1)"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -56,6 +56,9 @@ class Settings:
         dlq_topic: Dead-letter topic. Default ``rollouts.dlq``.
         cache_dir: Per-machine cache; Kafka jars live in ``<cache_dir>/kafka-<version>/libs``.
             Default ``$ROLLSTREAM_CACHE`` or ``~/.cache/rollstream``.
+        brokers: Kafka nodes `rollstream up` starts on this machine (KRaft, each a broker and a
+            controller). Node i listens on ``kafka_port + 2i`` and ``controller_port + 2i``.
+            With 3 or more, topics get replication factor 3 and min.insync.replicas 2. Default 1.
     """
 
     state_dir: Path = field(default_factory=_default_state_dir)
@@ -71,6 +74,7 @@ class Settings:
     ultra_topic: str = "rollouts.ultra"
     dlq_topic: str = "rollouts.dlq"
     cache_dir: Path = field(default_factory=_default_cache_dir)
+    brokers: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", self.state_dir.expanduser().resolve())
@@ -85,8 +89,12 @@ class Settings:
 
     @property
     def bootstrap_servers(self) -> str:
-        """The ``host:port`` clients pass as ``bootstrap.servers``."""
-        return f"{self.kafka_host}:{self.kafka_port}"
+        """The ``host:port[,host:port...]`` clients pass as ``bootstrap.servers``: every local node."""
+        return ",".join(f"{self.kafka_host}:{port}" for port, _ in self.node_ports())
+
+    def node_ports(self) -> list[tuple[int, int]]:
+        """(client port, controller port) of each local Kafka node."""
+        return [(self.kafka_port + 2 * i, self.controller_port + 2 * i) for i in range(self.brokers)]
 
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -109,13 +117,21 @@ class Settings:
         return cls(**values)
 
     def _validate(self) -> None:
+        if not 1 <= self.brokers <= 9:
+            raise SettingsError(f"brokers = {self.brokers}; run 1 to 9 local Kafka nodes")
         ports = {"kafka_port": self.kafka_port, "controller_port": self.controller_port}
         ports["mlflow_port"] = self.mlflow_port
+        for i, (client, controller) in enumerate(self.node_ports()[1:], start=1):
+            ports[f"node {i} client port"] = client
+            ports[f"node {i} controller port"] = controller
         for name, port in ports.items():
             if not 1 <= port <= 65535:
                 raise SettingsError(f"{name} = {port} is out of range; pick a port in 1..65535")
         if len(set(ports.values())) != len(ports):
-            raise SettingsError(f"ports must differ, got {ports}; give each service its own port")
+            raise SettingsError(
+                f"ports must differ, got {ports}; give each service its own port (node i of a cluster "
+                "uses kafka_port + 2i and controller_port + 2i)"
+            )
         if not self.kafka_host:
             raise SettingsError("kafka_host is empty; set it to an address such as 127.0.0.1")
         if not _HEAP.match(self.kafka_heap):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from deltalake import DeltaTable
 from rich.console import Console, Group
@@ -59,7 +59,12 @@ def table_counts(lake_dir: str, names: tuple[str, ...] = LAKE_TABLES) -> dict[st
 def group_lag(
     bootstrap_servers: str, topics: tuple[str, ...], group: str
 ) -> dict[tuple[str, int], tuple[int, int | None]]:
-    """End offset and committed offset of `group` for every partition of `topics`."""
+    """End offset and committed offset of `group` for every partition of `topics`.
+
+    Committed offsets come from a consumer that never joins the group (`Consumer.committed`), not
+    from AdminClient.list_consumer_group_offsets, which crashed the interpreter (SIGSEGV, 3 of 3
+    runs, confluent-kafka 2.16.1) on a fresh broker whose offsets topic was not ready yet.
+    """
     admin = admin_client(bootstrap_servers)
     metadata = admin.list_topics(timeout=TIMEOUT_S).topics
     partitions = [
@@ -68,13 +73,19 @@ def group_lag(
     if not partitions:
         return {}
     ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=TIMEOUT_S)
-    committed_future = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, partitions)], request_timeout=TIMEOUT_S
-    )[group]
-    committed = {
-        (tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
-        for tp in committed_future.result(timeout=TIMEOUT_S).topic_partitions
-    }
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False}
+    )
+    committed: dict[tuple[str, int], int | None] = {}
+    try:
+        committed = {
+            (tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
+            for tp in consumer.committed(partitions, timeout=TIMEOUT_S)
+        }
+    except KafkaException:  # no coordinator yet (a fresh broker): the group has committed nothing
+        pass
+    finally:
+        consumer.close()
     return {
         (tp.topic, tp.partition): (
             future.result(timeout=TIMEOUT_S).offset,
