@@ -23,6 +23,9 @@ from producers.validation import TrajectoryValidator
 from schemas import TrajectoryCodec
 
 OFFLOAD_BYTES = 1024 * 1024
+# A caller publishing in a tight loop never waits when the budget has room: yield to the loop at
+# least this often so other coroutines keep running.
+YIELD_EVERY_S = 0.005
 _PACKED = ("prompt_tokens", "response_tokens", "response_logprobs")
 
 
@@ -79,6 +82,7 @@ class AsyncPublisher:
         )
         self.topic = topic
         self.block_timeout_s = block_timeout_s
+        self._yielded = time.monotonic()
 
     @property
     def published(self) -> int:
@@ -151,11 +155,15 @@ class AsyncPublisher:
             await self._reserve(out, deadline, wait)
             try:
                 self.core.send(out, None if lane is None else Lane(lane), done)
-                return future
             except BufferError:
                 if time.monotonic() >= deadline:
                     raise self.core.backpressure(out, wait) from None
                 await asyncio.sleep(BUFFER_RETRY_S)
+                continue
+            if time.monotonic() - self._yielded > YIELD_EVERY_S:
+                await asyncio.sleep(0)
+                self._yielded = time.monotonic()
+            return future
 
     async def _reserve(self, out: Outgoing, deadline: float, wait: float) -> None:
         loop = asyncio.get_running_loop()
@@ -170,6 +178,7 @@ class AsyncPublisher:
                 await asyncio.wait_for(room.wait(), left)
             except TimeoutError:
                 raise self.core.backpressure(out, wait) from None
+            self._yielded = time.monotonic()
 
     async def flush(self, timeout: float = 60.0) -> None:
         """Await every queued message's result; raise `PublishError` naming what failed."""
