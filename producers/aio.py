@@ -9,7 +9,9 @@ with ``call_soon_threadsafe``; records over `OFFLOAD_BYTES` are encoded in a wor
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -29,13 +31,43 @@ YIELD_EVERY_S = 0.005
 _PACKED = ("prompt_tokens", "response_tokens", "response_logprobs")
 
 
-def _settle(future: asyncio.Future[DeliveryResult], result: DeliveryResult) -> None:
-    if future.cancelled():
-        return
-    if result.error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(result.error)
+class _Settler:
+    """Hands delivery results to the event loop in bursts: one loop wake-up per burst, not per message.
+
+    Delivery reports arrive on the core's threads a batch at a time; waking the loop (a self-pipe
+    write) and taking the GIL back and forth for each message would starve the loop's other
+    coroutines, so results queue here and the loop settles them all in one callback.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._results: collections.deque[tuple[asyncio.Future[DeliveryResult], DeliveryResult]] = (
+            collections.deque()
+        )
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def add(self, future: asyncio.Future[DeliveryResult], result: DeliveryResult) -> None:
+        """Queue one result (any thread); wakes the loop only when none was waiting to be settled."""
+        with self._lock:
+            self._results.append((future, result))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop already closed: nobody awaits any more
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            results, self._results = self._results, collections.deque()
+        for future, result in results:
+            if future.cancelled():
+                continue
+            if result.error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(result.error)
 
 
 def _waker(loop: asyncio.AbstractEventLoop, room: asyncio.Event) -> Callable[[], None]:
@@ -83,6 +115,7 @@ class AsyncPublisher:
         self.topic = topic
         self.block_timeout_s = block_timeout_s
         self._yielded = time.monotonic()
+        self._settlers: dict[asyncio.AbstractEventLoop, _Settler] = {}
 
     @property
     def published(self) -> int:
@@ -145,9 +178,10 @@ class AsyncPublisher:
         wait = self.block_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + wait
         future: asyncio.Future[DeliveryResult] = loop.create_future()
+        settler = self._settlers.get(loop) or self._settlers.setdefault(loop, _Settler(loop))
 
         def done(result: DeliveryResult) -> None:  # on a delivery thread
-            loop.call_soon_threadsafe(_settle, future, result)
+            settler.add(future, result)
             if on_delivery is not None:
                 on_delivery(result)
 
