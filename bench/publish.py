@@ -80,6 +80,7 @@ def records_of_size(size: int, count: int, seed: int = 1) -> list[TrajectoryReco
     rng = np.random.default_rng(seed)
     # A pool of distinct payloads, larger than a batch, so zstd finds no repeats within one.
     pool = max(64, min(count, (4 * 1024 * 1024) // size + 1))
+    prompts = rng.integers(0, 32_000, size=(pool, 64), dtype=np.int32).astype("<i4")
     ids = rng.integers(0, 32_000, size=(pool, tokens), dtype=np.int32).astype("<i4")
     logprobs = (rng.standard_exponential((pool, tokens), dtype=np.float32) * -0.7).astype("<f4")
     out: list[TrajectoryRecord] = []
@@ -88,10 +89,25 @@ def records_of_size(size: int, count: int, seed: int = 1) -> list[TrajectoryReco
         record["trajectory_id"] = str(uuid.UUID(int=int(rng.integers(2**62)) << 64 | i, version=4))
         record["group_id"] = str(uuid.UUID(int=i // 8 + 1, version=4))
         record["sample_index"], record["group_size"] = i % 8, 8
+        record["prompt_tokens"] = prompts[i % pool].tobytes()
         record["response_tokens"] = ids[i % pool].tobytes()
         record["response_logprobs"] = logprobs[i % pool].tobytes()
         out.append(record)  # type: ignore[arg-type]
     return out
+
+
+def zstd_fraction(data: bytes) -> float | None:
+    """Compressed / raw size with zstd (level 3), where cramjam (aiokafka's codecs) is installed."""
+    try:
+        import cramjam
+    except ImportError:
+        return None
+    return round(len(bytes(cramjam.zstd.compress(data))) / len(data), 3)
+
+
+def letters(size: int, seed: int = 0) -> bytes:
+    """What ProducerPerformance sends: random uppercase ASCII letters."""
+    return (np.random.default_rng(seed).integers(0, 26, size) + 65).astype(np.uint8).tobytes()
 
 
 def common_props() -> dict[str, str]:
@@ -176,7 +192,8 @@ def main() -> None:
             for size in sizes:
                 count = max(200, int(args.mb * 1e6 / size))
                 records = records_of_size(size, count)
-                value_bytes = float(np.mean([len(codec.encode(r)) for r in records[:200]]))
+                sample = [codec.encode(r) for r in records[: max(200, 2_000_000 // size)]]
+                value_bytes = float(np.mean([len(v) for v in sample]))
                 best_pp: dict[str, float] = {"mb_per_s": 0.0}
                 best_ours: dict[str, float] = {"mb_per_s": 0.0}
                 for _ in range(args.repeats):
@@ -195,6 +212,8 @@ def main() -> None:
                     "pp_records_per_s": round(best_pp["records_per_s"], 1),
                     "pp_avg_latency_ms": round(best_pp["avg_latency_ms"], 1),
                     "ratio": round(ratio, 3),
+                    "ours_zstd_fraction": zstd_fraction(b"".join(sample)),
+                    "pp_zstd_fraction": zstd_fraction(letters(len(sample) * size)),
                 }
                 print(
                     f"{round(value_bytes):>7} B: ours {best_ours['mb_per_s']:6.1f} MB/s "
