@@ -19,9 +19,10 @@ import time
 import uuid
 
 import numpy as np
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 from publish import broker, records_of_size
 
+from infra.topics import admin_client
 from producers import Lane, Publisher
 from schemas import TrajectoryCodec, TrajectoryRecord
 
@@ -62,7 +63,7 @@ def main() -> None:
     flat = records_of_size(args.size, args.flat_out, seed=3)
     figures: dict[str, dict[str, dict]] = {}
     with broker() as servers:
-        admin = AdminClient({"bootstrap.servers": servers})
+        admin = admin_client(servers)
         made: list[str] = []
 
         def topic() -> str:

@@ -29,10 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from infra.kafka_jars import ensure_jars
 from infra.settings import Settings
+from infra.topics import admin_client
 from producers import Lane, Publisher, SyntheticFleet
 from producers.lanes import lane_config
 from schemas import TrajectoryCodec, TrajectoryRecord
@@ -125,8 +126,10 @@ def common_props() -> dict[str, str]:
 def producer_performance(jars: Path, servers: str, topic: str, size: int, count: int) -> dict[str, float]:
     """Run Kafka's ProducerPerformance; returns its own records/s and MB/s (10^6 bytes)."""
     props = {**common_props(), "bootstrap.servers": servers, "max.request.size": str(TOPIC_LIMIT)}
+    logs = Path(tempfile.gettempdir()) / "rollstream-bench-publish-logs"
     command = [
         "java", "-Xmx1g", f"-Dlog4j2.configurationFile={REPO / 'infra' / 'kafka' / 'log4j2.properties'}",
+        f"-Dkafka.logs.dir={logs}",
         "-cp", str(jars / "*"), PP_MAIN, "--topic", topic, "--num-records", str(count),
         "--record-size", str(size), "--throughput", "-1",
         "--producer-props", *(f"{k}={v}" for k, v in props.items()),
@@ -178,7 +181,7 @@ def main() -> None:
     codec = TrajectoryCodec()
     figures: dict[str, dict[str, float]] = {}
     with broker() as servers:
-        admin = AdminClient({"bootstrap.servers": servers})
+        admin = admin_client(servers)
         made: list[str] = []
 
         def topic(name: str) -> str:

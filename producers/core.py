@@ -43,21 +43,37 @@ log = logging.getLogger("producers")
 client_log = logging.getLogger("producers.librdkafka")
 
 DEFAULT_BUDGET_BYTES = 128 * MIB
-POLL_TIMEOUT_S = 0.1
+IDLE_POLL_S = 0.005
 
 
 class _LaneClient:
-    """One Kafka producer and the thread that serves its delivery reports."""
+    """One Kafka producer and the thread that serves its delivery reports while the caller is idle.
+
+    A publishing caller serves reports itself (`poll_inline` after each message): running them on
+    a second Python thread at the same time would pass the GIL back and forth per message. When
+    the caller has not polled for `IDLE_POLL_S` (it waits for budget, flushes, or does other
+    work), the thread serves them, waking as soon as one arrives.
+    """
 
     def __init__(self, config: dict[str, Any], lane: Lane) -> None:
         self.producer = Producer(config)
+        self.last_poll = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"rollstream-{lane}-deliveries", daemon=True)
         self._thread.start()
 
+    def poll_inline(self) -> None:
+        """Serve the reports that have arrived, on the caller's thread, without waiting."""
+        self.last_poll = time.monotonic()
+        self.producer.poll(0)
+
     def _serve(self) -> None:
         while not self._stop.is_set():
-            self.producer.poll(POLL_TIMEOUT_S)
+            idle = time.monotonic() - self.last_poll
+            if idle >= IDLE_POLL_S:
+                self.producer.poll(IDLE_POLL_S)
+            else:
+                self._stop.wait(IDLE_POLL_S - idle)
 
     def close(self) -> None:
         self._stop.set()
@@ -181,6 +197,8 @@ class PublisherCore:
 
     def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
         """Take budget for `out`, waiting up to `timeout` seconds; raises BackpressureError."""
+        if self.reserve_or_wait(out.size):
+            return
         deadline = time.monotonic() + timeout
         with self._room:
             while not self.reserve_or_wait(out.size):
@@ -262,10 +280,10 @@ class PublisherCore:
             DeliveryError: librdkafka refused the message outright (budget returned).
         """
         chosen = self.lane if lane is None else Lane(lane)
-        producer = self.client(chosen).producer
+        client = self.client(chosen)
         report = functools.partial(self._on_delivery, out, chosen, time.perf_counter(), done)
         try:
-            producer.produce(out.topic, out.value, out.key, on_delivery=report)
+            client.producer.produce(out.topic, out.value, out.key, on_delivery=report)
         except BufferError:
             self.release(out.size)
             raise
@@ -273,6 +291,7 @@ class PublisherCore:
             self.release(out.size)
             error: KafkaError = exc.args[0]
             raise self._delivery_error(out, error) from exc
+        client.poll_inline()
 
     def _on_delivery(
         self,

@@ -9,19 +9,17 @@ from producers.exceptions import DeliveryError
 from producers.lanes import Lane
 
 
-@dataclass(frozen=True, slots=True)
 class Outgoing:
-    """An encoded message routed to its topic, with the id its result will carry."""
+    """An encoded message routed to its topic, with the id its result will carry.
 
-    topic: str
-    key: bytes | None
-    value: bytes
-    message_id: str
+    `size` (key plus value bytes) is what the in-flight budget counts.
+    """
 
-    @property
-    def size(self) -> int:
-        """Key plus value bytes: what the in-flight budget counts."""
-        return len(self.value) + (len(self.key) if self.key else 0)
+    __slots__ = ("key", "message_id", "size", "topic", "value")
+
+    def __init__(self, topic: str, key: bytes | None, value: bytes, message_id: str) -> None:
+        self.topic, self.key, self.value, self.message_id = topic, key, value, message_id
+        self.size = len(value) + (len(key) if key else 0)
 
 
 @dataclass(frozen=True, slots=True)

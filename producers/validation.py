@@ -45,6 +45,36 @@ class TrajectoryValidator:
 
     def check(self, record: Mapping[str, Any]) -> None:
         """Raise InvalidTrajectoryError naming the first broken rule; return None when all hold."""
+        try:
+            tokens, logprobs = record["response_tokens"], record["response_logprobs"]
+            tid, version = record["trajectory_id"], record["policy_version"]
+            size, index, domain = record["group_size"], record["sample_index"], record["domain"]
+            fine = (
+                type(tid) is str
+                and type(record["group_id"]) is str
+                and type(domain) is str
+                and type(tokens) is bytes
+                and type(logprobs) is bytes
+                and type(record["prompt_tokens"]) is bytes
+                and type(version) is int
+                and type(size) is int
+                and type(index) is int
+                and len(tokens) == len(logprobs) > 0
+                and not len(tokens) % 4
+                and not len(record["prompt_tokens"]) % 4
+                and version >= 0
+                and 0 <= index < size
+                and record["task_type"] in self._task_types
+                and bool(tid.strip() and record["group_id"].strip() and domain.strip())
+                and (self._domain_ok is None or self._domain_ok(domain))
+            )
+        except (KeyError, TypeError):
+            fine = False
+        if not fine:  # the common case is a valid record: name what is wrong only when something is
+            self._explain(record)
+
+    def _explain(self, record: Mapping[str, Any]) -> None:
+        """Check rule by rule and raise for the first one broken (the slow path of `check`)."""
         if not isinstance(record, Mapping):
             raise InvalidTrajectoryError(
                 f"a trajectory must be a mapping of fields, got {type(record).__name__}",
