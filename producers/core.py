@@ -47,16 +47,18 @@ IDLE_POLL_S = 0.005
 
 
 class _LaneClient:
-    """One Kafka producer and the thread that serves its delivery reports while the caller is idle.
+    """One Kafka producer and the thread that serves its delivery reports.
 
-    A publishing caller serves reports itself (`poll_inline` after each message): running them on
-    a second Python thread at the same time would pass the GIL back and forth per message. When
-    the caller has not polled for `IDLE_POLL_S` (it waits for budget, flushes, or does other
-    work), the thread serves them, waking as soon as one arrives.
+    In the throughput lane a publishing caller serves reports itself (`poll_inline` after each
+    message): running them on a second Python thread at the same time would pass the GIL back and
+    forth per message. When the caller has not polled for `IDLE_POLL_S` (it waits for budget,
+    flushes, or does other work), the thread serves them, waking as soon as one arrives. In the
+    latency lane the thread always serves them, so a result never waits for the next publish.
     """
 
     def __init__(self, config: dict[str, Any], lane: Lane) -> None:
         self.producer = Producer(config)
+        self.inline = lane is Lane.THROUGHPUT
         self.last_poll = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"rollstream-{lane}-deliveries", daemon=True)
@@ -64,21 +66,37 @@ class _LaneClient:
 
     def poll_inline(self) -> None:
         """Serve the reports that have arrived, on the caller's thread, without waiting."""
-        self.last_poll = time.monotonic()
-        self.producer.poll(0)
+        if self.inline:
+            self.last_poll = time.monotonic()
+            self._poll(0)
+
+    def send_now(self) -> None:
+        """Send lingering batches without waiting for linger.ms (what flush does first)."""
+        try:
+            self.producer.flush(0)
+        except Exception:
+            log.exception("a Kafka client callback raised while flushing")
+
+    def _poll(self, timeout: float) -> None:
+        try:
+            self.producer.poll(timeout)
+        except Exception:
+            # A callback passed in extra_config (stats_cb, ...) raised: confluent-kafka re-raises it
+            # here. The message was queued and its result still comes; neither thread may die of it.
+            log.exception("a Kafka client callback raised while serving delivery reports")
 
     def _serve(self) -> None:
         while not self._stop.is_set():
             idle = time.monotonic() - self.last_poll
             if idle >= IDLE_POLL_S:
-                self.producer.poll(IDLE_POLL_S)
+                self._poll(IDLE_POLL_S)
             else:
                 self._stop.wait(IDLE_POLL_S - idle)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.producer.poll(0)
+        self._poll(0)
         self.producer.close()
 
 
@@ -236,7 +254,7 @@ class PublisherCore:
         """Wait until nothing is in flight, up to `timeout` s; returns how many messages still are."""
         deadline = time.monotonic() + timeout
         for client in list(self._clients.values()):
-            client.producer.flush(0)  # send lingering batches now
+            client.send_now()
         with self._room:
             while self._count and (left := deadline - time.monotonic()) > 0:
                 self._room.wait(min(left, 0.1))

@@ -267,3 +267,19 @@ def test_lanes_per_publisher_and_per_message(bootstrap_servers, make_topic):
     lanes = [f.result(0).lane for f in futures]
     assert lanes == [Lane.THROUGHPUT if i % 2 else Lane.LATENCY for i in range(40)]
     assert len(consume(bootstrap_servers, topic, 40)) == 40
+
+
+def test_a_raising_client_callback_kills_neither_publishing_nor_results(bootstrap_servers, make_topic):
+    topic = make_topic("producers-stats")
+
+    def broken_stats(_text: str) -> None:
+        raise KeyError("txbytes")
+
+    extra = {"statistics.interval.ms": 10, "stats_cb": broken_stats}
+    records = list(SyntheticFleet(8).trajectories(300))
+    with Publisher(bootstrap_servers=bootstrap_servers, topic=topic, extra_config=extra) as publisher:
+        futures = []
+        for record in records:
+            futures.append(publisher.publish(record))
+            time.sleep(0.001)
+    assert all(f.result(0).ok for f in futures) and publisher.published == 300
