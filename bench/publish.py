@@ -35,6 +35,7 @@ from infra.kafka_jars import ensure_jars
 from infra.settings import Settings
 from infra.topics import admin_client
 from producers import Lane, Publisher, SyntheticFleet
+from producers.core import DEFAULT_BUDGET_BYTES
 from producers.lanes import lane_config
 from schemas import TrajectoryCodec, TrajectoryRecord
 
@@ -125,7 +126,12 @@ def common_props() -> dict[str, str]:
 
 def producer_performance(jars: Path, servers: str, topic: str, size: int, count: int) -> dict[str, float]:
     """Run Kafka's ProducerPerformance; returns its own records/s and MB/s (10^6 bytes)."""
-    props = {**common_props(), "bootstrap.servers": servers, "max.request.size": str(TOPIC_LIMIT)}
+    props = {
+        **common_props(),
+        "bootstrap.servers": servers,
+        "max.request.size": str(TOPIC_LIMIT),
+        "buffer.memory": str(DEFAULT_BUDGET_BYTES),  # the same room to queue as our byte budget
+    }
     logs = Path(tempfile.gettempdir()) / "rollstream-bench-publish-logs"
     command = [
         "java", "-Xmx1g", f"-Dlog4j2.configurationFile={REPO / 'infra' / 'kafka' / 'log4j2.properties'}",

@@ -240,11 +240,20 @@ class PublisherCore:
             message_ids=(out.message_id,),
         )
 
-    def release(self, size: int) -> None:
-        """Return budget after a delivery report (or a refused produce) and wake the waiters."""
+    def release(self, size: int, failure: tuple[str, str] | None = None, *, delivered: bool = False) -> None:
+        """Return budget after a delivery report (or a refused produce) and wake the waiters.
+
+        Counts the outcome under the same lock: reports are served on two threads (the caller's
+        and the delivery thread), and ``+=`` on an attribute is not atomic between them.
+        """
         with self._room:
             self._bytes -= size
             self._count -= 1
+            if delivered:
+                self.published += 1
+            elif failure is not None:
+                self.failed += 1
+                self._unreported.append(failure)
             self._room.notify_all()
             wakers, self._wakers = self._wakers, []
         for wake in wakers:
@@ -321,8 +330,8 @@ class PublisherCore:
         msg: Message,
     ) -> None:
         latency = time.perf_counter() - started
+        failure = None
         if err is None:
-            self.published += 1
             if self._warned:
                 self._warned.clear()
             result = DeliveryResult(
@@ -330,15 +339,14 @@ class PublisherCore:
             )
         else:
             error = self._delivery_error(out, err)
-            self.failed += 1
-            with self._room:
-                self._unreported.append((out.message_id, error.first_reason))
             result = DeliveryResult(out.message_id, out.topic, -1, -1, lane, latency, error)
-        self.release(out.size)
+            failure = (out.message_id, error.first_reason)
         try:
             done(result)
         except Exception:
             log.exception("a delivery callback raised for %r (the result was still recorded)", out.message_id)
+        # Last: a flush that sees nothing in flight finds every future already resolved.
+        self.release(out.size, failure, delivered=err is None)
 
     def _delivery_error(self, out: Outgoing, err: KafkaError) -> DeliveryError:
         reason = f"{err.name()}: {err.str()}"

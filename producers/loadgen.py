@@ -174,15 +174,14 @@ def _work(spec: LoadSpec, index: int, sent: Synchronized, results: mp.Queue) -> 
     per_s = spec.rate / spec.workers if spec.rate else None
     start = time.monotonic()
 
-    def delivered(result: Any) -> None:
+    def delivered(result: Any) -> None:  # on either of two threads: appends only (atomic)
         if result.ok:
-            report.acked += 1
             if not result.message_id.startswith("malformed-"):
                 acked_ids.append(result.message_id)
         else:
-            report.failed += 1
             report.failed_ids.append(result.message_id)
 
+    publisher: Publisher | None = None
     try:
         with Publisher(
             bootstrap_servers=spec.bootstrap_servers,
@@ -215,6 +214,8 @@ def _work(spec: LoadSpec, index: int, sent: Synchronized, results: mp.Queue) -> 
         report.error = str(exc)
     except ProducerError as exc:
         report.error = f"{type(exc).__name__}: {exc}"
+    if publisher is not None:
+        report.acked, report.failed = publisher.published, publisher.failed
     with sent.get_lock():
         sent.value += count % REPORT_EVERY
     report.seconds = time.monotonic() - start
