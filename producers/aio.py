@@ -21,7 +21,7 @@ from producers.core import DEFAULT_BUDGET_BYTES, PublisherCore
 from producers.delivery import DeliveryCallback, DeliveryResult, Outgoing
 from producers.lanes import Lane
 from producers.publisher import BUFFER_RETRY_S, DEFAULT_BLOCK_S
-from producers.validation import TrajectoryValidator
+from producers.validation import DomainCheck, TrajectoryValidator
 from schemas import TrajectoryCodec
 
 OFFLOAD_BYTES = 1024 * 1024
@@ -96,7 +96,7 @@ class AsyncPublisher:
         lane: Lane | str = Lane.THROUGHPUT,
         max_in_flight_bytes: int = DEFAULT_BUDGET_BYTES,
         block_timeout_s: float = DEFAULT_BLOCK_S,
-        known_domains: Any = None,
+        known_domains: DomainCheck | None = None,
         message_limits: Mapping[str, int] | None = None,
         extra_config: Mapping[str, Any] | None = None,
         codec: TrajectoryCodec | None = None,

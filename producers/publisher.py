@@ -15,7 +15,7 @@ from typing import Any
 from producers.core import DEFAULT_BUDGET_BYTES, PublisherCore
 from producers.delivery import DeliveryCallback, DeliveryResult, Outgoing
 from producers.lanes import Lane
-from producers.validation import TrajectoryValidator
+from producers.validation import DomainCheck, TrajectoryValidator
 from schemas import TrajectoryCodec
 
 DEFAULT_BLOCK_S = 30.0
@@ -56,7 +56,7 @@ class Publisher:
         lane: Lane | str = Lane.THROUGHPUT,
         max_in_flight_bytes: int = DEFAULT_BUDGET_BYTES,
         block_timeout_s: float = DEFAULT_BLOCK_S,
-        known_domains: Any = None,
+        known_domains: DomainCheck | None = None,
         message_limits: Mapping[str, int] | None = None,
         extra_config: Mapping[str, Any] | None = None,
         codec: TrajectoryCodec | None = None,
