@@ -112,7 +112,9 @@ def render_properties(settings: Settings, specs: Iterable[TopicSpec], node: int 
         "group.initial.rebalance.delay.ms=0",
         # Topics are declared in infra/topics.toml: a misspelt name must fail, not quietly create one.
         "auto.create.topics.enable=false",
-        f"message.max.bytes={message_max}",
+        # message.max.bytes stays Kafka's default (1,048,588): each topic declares its own
+        # max.message.bytes, which overrides it, so only rollouts.ultra and rollouts.dlq admit large
+        # batches, and a topic created without a limit cannot take 64 MiB by accident.
         f"socket.request.max.bytes={max(104_857_600, message_max + 1_048_576)}",
     ]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,18 +81,34 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from infra.demo import publish_synthetic
+    from producers.loadgen import LoadSpec, run_load
+    from producers.progress import rate_bar
 
     settings = _settings(args)
-    counts = publish_synthetic(
-        settings,
+    seed = random.SystemRandom().randrange(2**31) if args.seed is None else args.seed
+    spec = LoadSpec(
+        bootstrap_servers=settings.bootstrap_servers,
+        topic=settings.raw_topic,
+        ultra_topic=settings.ultra_topic,
         trajectories=args.trajectories,
-        seed=args.seed,
-        bad_fraction=args.bad_fraction,
-        progress=_progress,
+        workers=args.workers,
+        rate=args.rate,
+        seed=seed,
+        num_domains=args.domains,
+        group_sizes=(args.group_size_min, args.group_size_max),
+        ultra_share=args.ultra_share,
+        malformed_share=args.malformed_share,
+        profile_path=args.profile,
+        lane=args.lane,
     )
-    print(json.dumps(counts))
-    return 0
+    _progress(
+        f"publishing {spec.trajectories} messages from {spec.workers} processes to {spec.topic} "
+        f"(seed {seed}, target {f'{spec.rate:g}/s' if spec.rate else 'as fast as possible'})"
+    )
+    with rate_bar(enabled=not args.no_progress) as update:
+        report = run_load(spec, progress=update)
+    print(json.dumps({"seed": seed, **report.as_dict()}))
+    return 0 if report.failed == 0 and not report.as_dict()["errors"] else 1
 
 
 def _process(args: argparse.Namespace) -> int:
@@ -255,10 +272,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=None, help="stop --watch after this many refreshes")
     p.add_argument("--group", default="rollstream-processor", help="the processor's consumer group, for lag")
 
-    p = command("produce", _produce, "publish synthetic trajectories (and some malformed ones) to Kafka")
-    p.add_argument("--trajectories", type=int, default=10_000)
+    p = command(
+        "produce", _produce, "load generator: worker processes publish a synthetic fleet at a target rate"
+    )
+    p.add_argument("--trajectories", type=int, default=10_000, help="messages in all, malformed included")
+    p.add_argument("--workers", type=int, default=4, help="publishing processes")
+    p.add_argument(
+        "--rate", type=float, default=None, help="target messages/s over all workers (default: flat out)"
+    )
     p.add_argument("--seed", type=int, default=None, help="fleet seed (default: a fresh one, printed)")
-    p.add_argument("--bad-fraction", type=float, default=0.005, help="share of malformed messages")
+    p.add_argument("--domains", type=int, default=300, help="size of the fleet's domain catalog")
+    p.add_argument("--group-size-min", type=int, default=8)
+    p.add_argument("--group-size-max", type=int, default=16)
+    p.add_argument(
+        "--ultra-share", type=float, default=0.0, help="share of ultra-long samples (600k-1M tokens)"
+    )
+    p.add_argument("--malformed-share", type=float, default=0.005, help="share of malformed messages")
+    p.add_argument("--profile", type=Path, default=None, help="workload profile lengths are drawn from")
+    p.add_argument("--lane", choices=["throughput", "latency"], default="throughput")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
 
     p = command("process", _process, "run the Faust stream processor until stopped (SIGTERM / Ctrl-C)")
     p.add_argument(

@@ -115,7 +115,7 @@ def _kafka_string(value: Any) -> str:
 
 
 def max_message_bytes(specs: Iterable[TopicSpec], floor: int = 1_048_588) -> int:
-    """The broker-wide ``message.max.bytes`` that admits every declared topic's largest batch."""
+    """The largest batch any declared topic admits: what the broker's request size must hold."""
     return max([floor, *(int(spec.config.get("max.message.bytes", floor)) for spec in specs)])
 
 

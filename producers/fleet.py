@@ -15,11 +15,13 @@ from datetime import UTC, datetime, timedelta
 from math import log
 
 import numpy as np
+import numpy.typing as npt
 
 from producers.catalog import MAX_TOKENS, Domain, build_catalog
 from producers.exceptions import FleetConfigError
 from producers.tasks import GENERATORS
 from schemas import TrajectoryRecord
+from schemas.profile import WorkloadProfile
 
 VOCAB_SIZE = 32_000
 FLEET_EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
@@ -30,6 +32,17 @@ GROUP_SIGMA = 0.35
 DIFFICULTY_CONCENTRATION = 4.0
 GROUP_INTERVAL_MS = 25.0
 DECODE_MS_PER_TOKEN = 2
+# Each task type's context profile: a multiplier on the workload profile's share of each bucket
+# (by name; a bucket not named keeps its share). Extraction reads long documents, math is short.
+CONTEXT_PROFILES: dict[str, dict[str, float]] = {
+    "math": {"short": 1.5},
+    "code": {"long": 1.3, "ultra_long": 1.5},
+    "extraction": {"long": 1.5, "ultra_long": 3.0},
+    "precomputed": {},
+}
+# Ultra-long samples: 600k to 1M response tokens with logprobs (4.8 to 8 MB), beyond every domain's
+# cap and past rollouts.raw's 4 MiB, so a publisher with an ultra topic routes them there.
+ULTRA_TOKENS = (600_000, 1_000_000)
 
 
 class SyntheticFleet:
@@ -53,6 +66,11 @@ class SyntheticFleet:
         worker_count: how many distinct worker_ids the groups are spread over.
         start_time: simulated clock start for created_at; default a fixed epoch (2025-01-01 UTC)
             so records are reproducible. Pass ``datetime.now(UTC)`` for wall-clock-like times.
+        profile: draw prompt and response lengths from this inference workload profile, each task
+            type leaning by its `CONTEXT_PROFILES` entry; None keeps the per-domain lognormal.
+        group_sizes: (smallest, largest): each group's size drawn uniformly between them,
+            replacing `group_size`.
+        ultra_share: the chance that a sample is ultra-long (`ULTRA_TOKENS`, finish 'length').
     """
 
     def __init__(
@@ -64,7 +82,16 @@ class SyntheticFleet:
         policy_version: int = 1,
         worker_count: int = 16,
         start_time: datetime | None = None,
+        profile: WorkloadProfile | None = None,
+        group_sizes: tuple[int, int] | None = None,
+        ultra_share: float = 0.0,
     ) -> None:
+        if group_sizes is not None and not 1 <= group_sizes[0] <= group_sizes[1]:
+            raise FleetConfigError(
+                f"group_sizes must be (smallest, largest) with 1 <= smallest <= largest, got {group_sizes}"
+            )
+        if not 0.0 <= ultra_share <= 1.0:
+            raise FleetConfigError(f"ultra_share must lie in [0, 1], got {ultra_share}")
         if group_size < 1:
             raise FleetConfigError(f"group_size must be at least 1, got {group_size}")
         if worker_count < 1:
@@ -84,6 +111,17 @@ class SyntheticFleet:
         self._start = start
         self._clock_ms = 0.0
         self._pending: deque[TrajectoryRecord] = deque()
+        self.profile = profile
+        self.group_sizes = group_sizes
+        self.ultra_share = ultra_share
+        self._weights = (
+            {
+                task_type: {b.name: b.share * lean.get(b.name, 1.0) for b in profile.buckets}
+                for task_type, lean in CONTEXT_PROFILES.items()
+            }
+            if profile is not None
+            else {}
+        )
 
     def trajectories(self, n: int) -> Iterator[TrajectoryRecord]:
         """Yield the next `n` records of the stream (lazily; stopping early keeps the rest)."""
@@ -97,19 +135,37 @@ class SyntheticFleet:
     def _uuid(self) -> str:
         return str(uuid.UUID(bytes=self._rng.bytes(16), version=4))
 
+    def _lengths(self, domain: Domain, size: int) -> tuple[int, npt.NDArray[np.int64]]:
+        """A group's prompt length and the response lengths its samples want (before caps)."""
+        rng = self._rng
+        if self.profile is None:
+            prompt_len = int(
+                np.clip(round(rng.lognormal(log(domain.prompt_median), PROMPT_SIGMA)), 8, MAX_TOKENS)
+            )
+            shift = log(domain.response_median) + rng.normal(0.0, GROUP_SIGMA)
+            return prompt_len, np.ceil(rng.lognormal(shift, RESPONSE_SIGMA, size=size)).astype(np.int64)
+        weights = self._weights.get(domain.task_type)
+        draws = [self.profile.sample_length(rng, weights=weights) for _ in range(size)]
+        # The group shares its prompt (the first draw's); each sample's response is its own draw.
+        prompt_len = min(max(draws[0].prompt_tokens, 1), MAX_TOKENS)
+        return prompt_len, np.array([d.response_tokens for d in draws], dtype=np.int64)
+
     def _next_group(self) -> list[TrajectoryRecord]:
         rng, size = self._rng, self.group_size
+        if self.group_sizes is not None:
+            size = int(rng.integers(self.group_sizes[0], self.group_sizes[1] + 1))
         index = min(
             int(np.searchsorted(self._cumulative, rng.random() * self._cumulative[-1])), len(self.domains) - 1
         )
         domain = self.domains[index]
-        prompt_len = int(
-            np.clip(round(rng.lognormal(log(domain.prompt_median), PROMPT_SIGMA)), 8, MAX_TOKENS)
-        )
-        shift = log(domain.response_median) + rng.normal(0.0, GROUP_SIGMA)
-        wanted = np.ceil(rng.lognormal(shift, RESPONSE_SIGMA, size=size)).astype(np.int64)
+        prompt_len, wanted = self._lengths(domain, size)
         hit_cap = wanted >= domain.max_new_tokens
         lengths = np.clip(wanted, 1, domain.max_new_tokens)
+        if self.ultra_share > 0:
+            ultra = rng.random(size) < self.ultra_share
+            if ultra.any():
+                lengths[ultra] = rng.integers(ULTRA_TOKENS[0], ULTRA_TOKENS[1] + 1, int(ultra.sum()))
+                hit_cap = hit_cap | ultra
         skill = domain.skill * DIFFICULTY_CONCENTRATION
         difficulty = rng.beta(skill, DIFFICULTY_CONCENTRATION - skill)
         content = GENERATORS[domain.task_type](

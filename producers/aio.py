@@ -1,0 +1,234 @@
+"""The asyncio publisher: awaits budget instead of blocking, resolves an asyncio future per message.
+
+It wraps the same core as `Publisher` rather than confluent-kafka's AIOProducer, which refuses
+headers (HAZARDS.md) and would give the two publishers different delivery semantics. Nothing
+here blocks the event loop: deliveries are served on the core's threads and handed to the loop
+with ``call_soon_threadsafe``; records over `OFFLOAD_BYTES` are encoded in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from producers.core import DEFAULT_BUDGET_BYTES, PublisherCore
+from producers.delivery import DeliveryCallback, DeliveryResult, Outgoing
+from producers.lanes import Lane
+from producers.publisher import BUFFER_RETRY_S, DEFAULT_BLOCK_S
+from producers.validation import DomainCheck, TrajectoryValidator
+from schemas import TrajectoryCodec
+
+OFFLOAD_BYTES = 1024 * 1024
+# A caller publishing in a tight loop never waits when the budget has room: yield to the loop at
+# least this often so other coroutines keep running.
+YIELD_EVERY_S = 0.005
+_PACKED = ("prompt_tokens", "response_tokens", "response_logprobs")
+
+
+class _Settler:
+    """Hands delivery results to the event loop in bursts: one loop wake-up per burst, not per message.
+
+    Delivery reports arrive on the core's threads a batch at a time; waking the loop (a self-pipe
+    write) and taking the GIL back and forth for each message would starve the loop's other
+    coroutines, so results queue here and the loop settles them all in one callback.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._results: collections.deque[tuple[asyncio.Future[DeliveryResult], DeliveryResult]] = (
+            collections.deque()
+        )
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def add(self, future: asyncio.Future[DeliveryResult], result: DeliveryResult) -> None:
+        """Queue one result (any thread); wakes the loop only when none was waiting to be settled."""
+        with self._lock:
+            self._results.append((future, result))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop already closed: nobody awaits any more
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            results, self._results = self._results, collections.deque()
+        for future, result in results:
+            if future.cancelled():
+                continue
+            if result.error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(result.error)
+
+
+def _waker(loop: asyncio.AbstractEventLoop, room: asyncio.Event) -> Callable[[], None]:
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed: nobody waits any more
+            loop.call_soon_threadsafe(room.set)
+
+    return wake
+
+
+class AsyncPublisher:
+    """`Publisher` for coroutines: same arguments, same results, awaited.
+
+    ``fut = await pub.publish(record)`` returns once the message is queued (after awaiting room
+    in the byte budget, at most `block_timeout_s`, then `BackpressureError`); ``await fut`` gives
+    its `DeliveryResult` or raises its `DeliveryError`. ``await pub.send(record)`` does both.
+    Use it inside one event loop; ``async with`` flushes and closes.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str,
+        topic: str,
+        ultra_topic: str | None = None,
+        lane: Lane | str = Lane.THROUGHPUT,
+        max_in_flight_bytes: int = DEFAULT_BUDGET_BYTES,
+        block_timeout_s: float = DEFAULT_BLOCK_S,
+        known_domains: DomainCheck | None = None,
+        message_limits: Mapping[str, int] | None = None,
+        extra_config: Mapping[str, Any] | None = None,
+        codec: TrajectoryCodec | None = None,
+    ) -> None:
+        self.core = PublisherCore(
+            bootstrap_servers=bootstrap_servers,
+            topic=topic,
+            ultra_topic=ultra_topic,
+            lane=Lane(lane),
+            max_in_flight_bytes=max_in_flight_bytes,
+            message_limits=message_limits,
+            extra_config=extra_config,
+            codec=codec,
+            validator=TrajectoryValidator(known_domains=known_domains),
+        )
+        self.topic = topic
+        self.block_timeout_s = block_timeout_s
+        self._yielded = time.monotonic()
+        self._settlers: dict[asyncio.AbstractEventLoop, _Settler] = {}
+
+    @property
+    def published(self) -> int:
+        """Messages the broker has acknowledged so far."""
+        return self.core.published
+
+    @property
+    def failed(self) -> int:
+        """Messages whose delivery failed so far (each reported by id)."""
+        return self.core.failed
+
+    @property
+    def pending(self) -> int:
+        """Messages queued but not yet acknowledged or failed."""
+        return self.core.in_flight[0]
+
+    async def publish(
+        self,
+        record: Mapping[str, Any],
+        *,
+        lane: Lane | str | None = None,
+        on_delivery: DeliveryCallback | None = None,
+        timeout: float | None = None,
+    ) -> asyncio.Future[DeliveryResult]:
+        """Validate, encode and queue one trajectory; returns the future of its delivery."""
+        if sum(len(record.get(f) or b"") for f in _PACKED) > OFFLOAD_BYTES:
+            out = await asyncio.get_running_loop().run_in_executor(None, self.core.prepare, record)
+        else:
+            out = self.core.prepare(record)
+        return await self._send(out, lane, on_delivery, timeout)
+
+    async def publish_raw(
+        self,
+        value: bytes,
+        key: bytes | None = None,
+        *,
+        message_id: str = "raw",
+        lane: Lane | str | None = None,
+        on_delivery: DeliveryCallback | None = None,
+        timeout: float | None = None,
+    ) -> asyncio.Future[DeliveryResult]:
+        """Queue bytes as they are, unvalidated and unencoded."""
+        out = self.core.route(Outgoing(self.topic, key, value, message_id))
+        return await self._send(out, lane, on_delivery, timeout)
+
+    async def send(
+        self, record: Mapping[str, Any], *, lane: Lane | str | None = None, timeout: float | None = None
+    ) -> DeliveryResult:
+        """Publish one trajectory and await its delivery; raises its DeliveryError on failure."""
+        return await (await self.publish(record, lane=lane, timeout=timeout))
+
+    async def _send(
+        self,
+        out: Outgoing,
+        lane: Lane | str | None,
+        on_delivery: DeliveryCallback | None,
+        timeout: float | None,
+    ) -> asyncio.Future[DeliveryResult]:
+        loop = asyncio.get_running_loop()
+        wait = self.block_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        future: asyncio.Future[DeliveryResult] = loop.create_future()
+        settler = self._settlers.get(loop) or self._settlers.setdefault(loop, _Settler(loop))
+
+        def done(result: DeliveryResult) -> None:  # on a delivery thread
+            settler.add(future, result)
+            if on_delivery is not None:
+                on_delivery(result)
+
+        while True:
+            await self._reserve(out, deadline, wait)
+            try:
+                self.core.send(out, None if lane is None else Lane(lane), done)
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    raise self.core.backpressure(out, wait) from None
+                await asyncio.sleep(BUFFER_RETRY_S)
+                continue
+            if time.monotonic() - self._yielded > YIELD_EVERY_S:
+                await asyncio.sleep(0)
+                self._yielded = time.monotonic()
+            return future
+
+    async def _reserve(self, out: Outgoing, deadline: float, wait: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            room = asyncio.Event()
+            if self.core.reserve_or_wait(out.size, _waker(loop, room)):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self.core.backpressure(out, wait)
+            try:
+                await asyncio.wait_for(room.wait(), left)
+            except TimeoutError:
+                raise self.core.backpressure(out, wait) from None
+            self._yielded = time.monotonic()
+
+    async def flush(self, timeout: float = 60.0) -> None:
+        """Await every queued message's result; raise `PublishError` naming what failed."""
+        await asyncio.get_running_loop().run_in_executor(None, self.core.flush, timeout)
+
+    async def close(self, timeout: float = 60.0) -> None:
+        """Flush; after `timeout`, fail (by id) what is still unsent; release the clients."""
+        await asyncio.get_running_loop().run_in_executor(None, self.core.close, timeout)
+
+    async def __aenter__(self) -> AsyncPublisher:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
