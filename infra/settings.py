@@ -56,6 +56,9 @@ class Settings:
         dlq_topic: Dead-letter topic. Default ``rollouts.dlq``.
         cache_dir: Per-machine cache; Kafka jars live in ``<cache_dir>/kafka-<version>/libs``.
             Default ``$ROLLSTREAM_CACHE`` or ``~/.cache/rollstream``.
+        profile_path: The inference workload profile file the processor buckets by (fit one with
+            ``rollstream profile fit``). Default empty: the shipped profile
+            (schemas/profiles/azure_conv_2023.toml).
     """
 
     state_dir: Path = field(default_factory=_default_state_dir)
@@ -71,6 +74,7 @@ class Settings:
     ultra_topic: str = "rollouts.ultra"
     dlq_topic: str = "rollouts.dlq"
     cache_dir: Path = field(default_factory=_default_cache_dir)
+    profile_path: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", self.state_dir.expanduser().resolve())

@@ -130,6 +130,7 @@ def create_app(
     commit_bytes: int = 64 * 2**20,
     commit_interval_s: float = 1.0,
     raw_buffer_bytes: int = 256 * 2**20,
+    session_timeout_s: float = 60.0,
     storage_options: Mapping[str, str] | None = None,
     producer_config: Mapping[str, Any] | None = None,
     verifiers: VerifierRegistry | None = None,
@@ -160,8 +161,10 @@ def create_app(
         domain_decay, domain_warmup: per-domain running statistics (domain_stats.py).
         commit_bytes, commit_interval_s: a commit is made once the decided rows hold this many
             message bytes, or once the oldest waited this long.
-        raw_buffer_bytes: bound of the raw lane's fetch buffer: the per-partition fetch size is
-            this divided by the raw partitions (at least the raw topic's 4 MiB message limit).
+        raw_buffer_bytes: bound of the raw lane's buffer in bytes: it holds at most this divided
+            by the raw topic's message limit (4 MiB) messages, and never fewer than a batch.
+        session_timeout_s: Kafka consumer session timeout; a SIGKILLed worker's partitions stay
+            assigned to it for this long before a restarted worker gets them.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
         verifiers: task_type -> verifier; default `verifiers.default_registry()`.
@@ -186,6 +189,8 @@ def create_app(
         topic_partitions=partitions,
         consumer_auto_offset_reset="earliest",
         consumer_max_fetch_size=ULTRA_MAX_MESSAGE_BYTES,
+        broker_session_timeout=session_timeout_s,
+        broker_heartbeat_interval=min(3.0, session_timeout_s / 3),
         broker_commit_every=batch_size,
         # Pending groups hold acks back for as long as they wait: Faust must not wait for them
         # before a rebalance (revoked partitions are forgotten and replayed by their new owner).

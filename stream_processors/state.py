@@ -24,6 +24,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
 from stream_processors.domain_stats import DomainStats, RunningStats, merge
 from stream_processors.offsets import Coordinates, TopicPartition, TxnTable
 
@@ -177,3 +178,44 @@ def stored_topic_ids(table: TxnTable, app_id: str) -> dict[str, str]:
         if body is not None:
             return {str(k): str(v) for k, v in body.get("topic_ids", {}).items()}
     return {}
+
+
+def reset_topic(
+    table: TxnTable,
+    dead_letters: TxnTable,
+    *,
+    topic: str,
+    partitions: int,
+    topic_id: str,
+    profile_id: str,
+) -> int:
+    """Start `topic` afresh for this app id (after it was recreated): offsets 0, the new topic id.
+
+    Writes one commit without rows to each table: the trajectories table's state with the topic's
+    partitions at next 0 and no holes (domain statistics kept), txn versions -1 in both. Returns
+    the trajectories table's new version.
+    """
+    state = SinkState(table.app_id)
+    dt = table.refresh()
+    if dt is not None:
+        for entry in _history(dt):
+            body = _state_of(entry, table.app_id)
+            if body is not None:
+                state.topic_ids = {str(k): str(v) for k, v in body.get("topic_ids", {}).items()}
+                for key, stored in body.get("partitions", {}).items():
+                    stats = DomainStats()
+                    stats.load_state_dict(stored.get("domains", {}))
+                    state.partitions[_tp(key)] = PartitionState(
+                        int(stored["next"]), set(stored.get("holes", [])), stats
+                    )
+                break
+    for p in range(partitions):
+        stats = state.partitions.get((topic, p), PartitionState()).stats
+        state.partitions[(topic, p)] = PartitionState(0, set(), stats)
+    state.topic_ids[topic] = topic_id
+    versions = {(topic, p): -1 for p in range(partitions)}
+    version = table.commit(
+        TRAJECTORIES_SCHEMA.empty_table(), versions, state.metadata(profile_id), expected_version=None
+    )
+    dead_letters.commit(DEAD_LETTERS_SCHEMA.empty_table(), versions, {}, expected_version=None)
+    return version
