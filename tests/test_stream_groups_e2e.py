@@ -65,6 +65,7 @@ def _run(bootstrap_servers, raw, ultra, dlq, lake, group, logs, kills: list[floa
             time.sleep(random.Random(i).uniform(0.0, 0.7))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
+            print(f"\nSIGKILL {i + 1} at {table_rows(traj)} rows in Delta (waited for {target})")
         finally:
             if proc.poll() is None:
                 assert stop_worker(proc, log) == 0, log.read_text()[-3000:]
@@ -111,7 +112,11 @@ def test_groups_across_lanes_and_sigkills(bootstrap_servers, make_topic, group_n
         assert set(frame["topic"].unique()) == {raw, ultra}
         assert frame["group_status"].unique().to_list() == ["complete"]
     split = clean.group_by("group_id").agg(pl.col("topic").n_unique().alias("lanes"))
-    assert split.filter(pl.col("lanes") == 2).height > 50  # groups really span both lanes
+    spanning = split.filter(pl.col("lanes") == 2).height
+    print(
+        f"\n{spanning} of {split.height} groups span both topics; {len(to_ultra)} samples on the ultra topic"
+    )
+    assert spanning > 50  # groups really span both lanes
 
     # Advantages of every complete group match the offline computation from the table's rewards.
     signal_rows = clean.filter(~pl.col("verifier_status").is_in(["skipped", "error", "timeout"]))
