@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def _producer(servers: str) -> Producer:
     )
 
 
-def _publish(servers: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+def _publish(servers: str, topic: str, messages: Iterable[tuple[bytes, bytes]]) -> None:
     producer = _producer(servers)
     for key, value in messages:
         while True:
@@ -122,7 +123,16 @@ def _worker(
     }
     state.mkdir(parents=True, exist_ok=True)
     log = (state / f"worker-{tag}.log").open("w")
-    args = [sys.executable, "-m", "infra.cli", "process", "--app-id", f"bench-{tag}", "--loglevel", "warning"]
+    args = [
+        sys.executable,
+        "-m",
+        "infra.cli",
+        "process",
+        "--app-id",
+        f"bench-{tag}",
+        "--loglevel",
+        os.environ.get("BENCH_LOGLEVEL", "warning"),
+    ]
     return subprocess.Popen(args, cwd=state, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -209,6 +219,7 @@ def _decoded_table(records: list[dict[str, Any]], coords: list[tuple[str, int, i
 def _baseline(servers: str, topic: str, n: int, work: Path) -> dict[str, float]:
     """Plain consumer, decode, write_deltalake with the same commit rule; steady-state seconds."""
     uri = str(work / "baseline")
+    work.mkdir(parents=True, exist_ok=True)
     codec = TrajectoryCodec()
     start = time.monotonic()
     consumer = Consumer(
@@ -314,6 +325,7 @@ def main() -> None:
     )
     parser.add_argument("--latency-seconds", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each; the best counts")
     parser.add_argument(
         "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
@@ -333,17 +345,22 @@ def main() -> None:
     _publish(servers, topics[0], messages)
     with tempfile.TemporaryDirectory(prefix="bench-process-") as tmp:
         work = Path(tmp)
-        baseline = _baseline(servers, topics[0], len(messages), work)
-        ours = _ours(servers, topics, len(messages), work / "ours", "ours")
+        # Alternating runs on the same messages, the best of each: the machine is shared.
+        runs: dict[str, list[dict[str, float]]] = {"ours": [], "baseline": []}
+        for i in range(args.repeats):
+            runs["baseline"].append(_baseline(servers, topics[0], len(messages), work / f"base-{i}"))
+            runs["ours"].append(_ours(servers, topics, len(messages), work / f"ours-{i}", f"ours-{i}"))
+        ours = max(runs["ours"], key=lambda r: r["steady_rows"] / r["steady_s"])
+        baseline = max(runs["baseline"], key=lambda r: r["steady_rows"] / r["steady_s"])
         ours_rate = ours["steady_rows"] / ours["steady_s"]
         base_rate = baseline["steady_rows"] / baseline["steady_s"]
         latencies = _latency(
             servers, _topics(admin, f"l-{tag}"), ours_rate / 2, args.latency_seconds, work / "lat"
         )
         backlog_topics = _topics(admin, f"b-{tag}")
-        backlog = _messages(args.backlog, args.seed + 1)
-        _publish(servers, backlog_topics[0], backlog)
-        del backlog
+        codec = TrajectoryCodec()
+        stream = SyntheticFleet(seed=args.seed + 1).trajectories(args.backlog)
+        _publish(servers, backlog_topics[0], ((r["group_id"].encode(), codec.encode(r)) for r in stream))
         rss = _ours(servers, backlog_topics, args.backlog, work / "backlog", "backlog")
     admin.delete_topics(
         [*topics, *(f"bench-{k}-{s}-{tag}" for k in ("raw", "ultra", "dlq") for s in ("l", "b"))]
@@ -358,6 +375,8 @@ def main() -> None:
         "baseline_mb_per_s": round(megabytes * base_rate / len(messages), 2),
         "baseline_total_s": round(baseline["total_s"], 2),
         "ratio": round(ours_rate / base_rate, 3),
+        "ours_runs_per_s": [round(r["steady_rows"] / r["steady_s"], 1) for r in runs["ours"]],
+        "baseline_runs_per_s": [round(r["steady_rows"] / r["steady_s"], 1) for r in runs["baseline"]],
         "latency_rate_per_s": round(ours_rate / 2, 1),
         "latency_groups": len(latencies),
         "p50_latency_s": round(float(np.percentile(latencies, 50)), 3),

@@ -240,7 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-ultra", action="store_true", help="do not consume the ultra-long topic")
     p.add_argument("--batch-size", type=int, default=500)
-    p.add_argument("--batch-within", type=float, default=1.0, help="seconds to wait to fill a batch")
+    p.add_argument("--batch-within", type=float, default=0.25, help="seconds to wait to fill a batch")
     p.add_argument("--loglevel", default="info")
     p.add_argument("--advantage", choices=["grpo", "dr_grpo"], default="grpo", help="group advantage")
     p.add_argument("--per-component", action="store_true", help="normalize each reward component, then sum")

@@ -46,8 +46,6 @@ T = TypeVar("T")
 
 TRAJECTORIES_TABLE = "trajectories"
 DEAD_LETTERS_TABLE = "dead_letters"
-RAW_MAX_MESSAGE_BYTES = 4_194_304
-"""4 MiB: rollouts.raw's max.message.bytes as infra/topics.toml declares it."""
 ULTRA_MAX_MESSAGE_BYTES = 67_108_864
 """64 MiB: rollouts.ultra's max.message.bytes as infra/topics.toml declares it. The consumer's
 per-partition fetch size (Faust's consumer_max_fetch_size, aiokafka's max_partition_fetch_bytes)
@@ -84,12 +82,18 @@ class Acks:
 
     def __init__(self) -> None:
         self._held: dict[TopicPartition, deque[tuple[int, faust.EventT, faust.StreamT]]] = {}
+        self._bytes: dict[str, int] = {}
+
+    def held_bytes(self, topic: str) -> int:
+        """Bytes of the held messages of `topic` (judged, pending or in flight, not yet acked)."""
+        return self._bytes.get(topic, 0)
 
     def hold(self, events: Sequence[faust.EventT], stream: faust.StreamT) -> None:
         """Keep a batch's events until they are safe."""
         for e in events:
             tp = (e.message.topic, e.message.partition)
             self._held.setdefault(tp, deque()).append((e.message.offset, e, stream))
+            self._bytes[tp[0]] = self._bytes.get(tp[0], 0) + len(e.message.value or b"")
 
     async def release(self, safe: Mapping[TopicPartition, int]) -> int:
         """Ack every held event below its partition's safe offset; returns how many."""
@@ -98,6 +102,7 @@ class Acks:
             limit = safe.get(tp)
             while held and limit is not None and held[0][0] < limit:
                 _, event, stream = held.popleft()
+                self._bytes[tp[0]] -= len(event.message.value or b"")
                 await stream.ack(event)
                 acked += 1
         return acked
@@ -105,7 +110,8 @@ class Acks:
     def drop(self, tps: Iterable[TopicPartition]) -> None:
         """Forget the events of revoked partitions (never acked: the new owner replays them)."""
         for tp in tps:
-            self._held.pop(tp, None)
+            for _, event, _ in self._held.pop(tp, ()):
+                self._bytes[tp[0]] -= len(event.message.value or b"")
 
 
 def create_app(
@@ -119,7 +125,7 @@ def create_app(
     group_id: str | None = None,
     batch_size: int = 500,
     ultra_batch_size: int = 4,
-    batch_within_s: float = 1.0,
+    batch_within_s: float = 0.25,
     raw_partitions: int | None = None,
     profile: WorkloadProfile | None = None,
     normalization: GroupNormalization | None = None,
@@ -153,16 +159,19 @@ def create_app(
         batch_size: most messages per batch from `raw_topic`.
         ultra_batch_size: most messages per batch from `ultra_topic`, which is also how many more
             it buffers.
-        batch_within_s: the longest a partial batch waits before it is judged.
+        batch_within_s: the longest a partial batch waits before it is judged (commits are sized
+            apart from batches, by `commit_bytes` and `commit_interval_s`).
         raw_partitions: partitions of `raw_topic`; default read from broker metadata.
         profile: the inference workload profile that buckets rows; default the shipped one.
         normalization: how group advantages are computed (advantages.py); default GRPO.
         group_event_timeout_s, group_wall_timeout_s: the timeout rule of groups.py.
         domain_decay, domain_warmup: per-domain running statistics (domain_stats.py).
         commit_bytes, commit_interval_s: a commit is made once the decided rows hold this many
-            message bytes, or once the oldest waited this long.
-        raw_buffer_bytes: bound of the raw lane's buffer in bytes: it holds at most this divided
-            by the raw topic's message limit (4 MiB) messages, and never fewer than a batch.
+            message bytes, or once the oldest waited this long; when the lanes are caught up
+            (their last batches were not full), once the oldest waited 0.25 s.
+        raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
+            not yet acked): above it fetching rollouts.raw pauses, and resumes at half. Faust's
+            own buffer adds at most 2 x batch_size messages.
         session_timeout_s: Kafka consumer session timeout; a SIGKILLed worker's partitions stay
             assigned to it for this long before a restarted worker gets them.
         storage_options: deltalake storage options for object stores.
@@ -249,21 +258,59 @@ def create_app(
             preflight = asyncio.get_running_loop().run_in_executor(sink_thread, start)
         await asyncio.shield(preflight)
 
-    async def step(work: Callable[[], BatchStats | int]) -> tuple[BatchStats | int, bool]:
-        """Run one stage step in the sink thread, then ack what became safe."""
-        loop = asyncio.get_running_loop()
+    paused = False
 
-        def with_safe() -> tuple[BatchStats | int, dict[TopicPartition, int]]:
-            return work(), stage.safe_offsets()
+    def bound_raw_buffer() -> None:
+        """Pause fetching rollouts.raw while its held messages exceed raw_buffer_bytes; resume at half."""
+        nonlocal paused
+        held = acks.held_bytes(raw_topic)
+        if held > raw_buffer_bytes and not paused:
+            tps = [tp for tp in app.consumer.assignment() if tp.topic == raw_topic]
+            app.consumer.pause_partitions(tps)
+            paused = True
+            log.info("%s: %d bytes held (bound %d); fetching paused", raw_topic, held, raw_buffer_bytes)
+        elif paused and held <= raw_buffer_bytes // 2:
+            tps = [tp for tp in app.consumer.assignment() if tp.topic == raw_topic]
+            app.consumer.resume_partitions(tps)
+            paused = False
+            log.info("%s: %d bytes held; fetching resumed", raw_topic, held)
 
-        (result, safe), cancelled = await run_to_completion(loop, sink_thread, with_safe)
+    def with_safe(
+        work: Callable[[], BatchStats | int],
+    ) -> Callable[[], tuple[BatchStats | int, dict[TopicPartition, int]]]:
+        """`work` followed by the safe offsets it leaves, as one call in the sink thread."""
+        return lambda: (work(), stage.safe_offsets())
+
+    async def settle(future: asyncio.Future[tuple[BatchStats | int, dict[TopicPartition, int]]]) -> bool:
+        """Wait for a sink step even if cancelled meanwhile, ack what became safe; True if cancelled."""
+        cancelled = False
+        while True:
+            try:
+                result, safe = await asyncio.shield(future)
+                break
+            except asyncio.CancelledError:
+                if future.done() and future.cancelled():
+                    raise
+                cancelled = True
+                log.info("stop requested: finishing the in-flight sink step first")
         await acks.release(safe)
-        return result, cancelled
+        bound_raw_buffer()
+        if isinstance(result, BatchStats):
+            progress.add(result)
+        return cancelled
 
-    async def sink_batches(stream: faust.StreamT, size: int, lane: ThreadPoolExecutor) -> None:
+    async def step(work: Callable[[], BatchStats | int]) -> bool:
+        """Run one stage step in the sink thread, then ack what became safe; True if cancelled."""
+        return await settle(asyncio.get_running_loop().run_in_executor(sink_thread, with_safe(work)))
+
+    caught_up = {"raw": True, "ultra": True}
+
+    async def sink_batches(stream: faust.StreamT, size: int, lane_name: str) -> None:
+        """Judge batch N+1 in the lane's thread while the sink thread accepts batch N."""
         nonlocal running
         loop = asyncio.get_running_loop()
         running += 1
+        in_flight: asyncio.Future[tuple[BatchStats | int, dict[TopicPartition, int]]] | None = None
         try:
             try:
                 await checked()
@@ -286,24 +333,35 @@ def create_app(
                 acks.hold(events, stream)
                 try:
                     judged, cancelled = await run_to_completion(
-                        loop, lane, functools.partial(stage.judge, messages)
+                        loop, lanes[lane_name], functools.partial(stage.judge, messages)
                     )
-                    stats, stopped = await step(functools.partial(stage.accept, judged))
+                    if in_flight is not None:
+                        cancelled = await settle(in_flight) or cancelled
+                    caught_up[lane_name] = len(events) < size
+                    accept = functools.partial(stage.accept, judged, caught_up=caught_up[lane_name])
+                    in_flight = loop.run_in_executor(sink_thread, with_safe(accept))
+                    if cancelled or app.should_stop:
+                        future, in_flight = in_flight, None
+                        cancelled = await settle(future) or cancelled
+                        cancelled = await step(stage.flush) or cancelled
+                        log.info("stopping: the decided rows were committed and acked first")
                 except Exception as exc:
                     log.exception(
                         "a batch of %d messages could not be written; stopping without acking", len(events)
                     )
                     await app.crash(exc)
                     return
-                if isinstance(stats, BatchStats):
-                    progress.add(stats)
-                if cancelled or stopped or app.should_stop:
-                    await step(stage.flush)
-                    log.info("stopping: the decided rows were committed and acked first")
-                if cancelled or stopped:
+                if cancelled:
                     raise asyncio.CancelledError
         finally:
             running -= 1
+            if app.should_stop:
+                try:
+                    if in_flight is not None:
+                        await settle(in_flight)
+                    await step(stage.flush)
+                except Exception:
+                    log.exception("committing the decided rows at stop failed; the replay redoes them")
             if running == 0 and app.should_stop:  # not when Faust's supervisor restarts an agent
                 stage.dead_letters.close()
                 log.info("sink stopped: %s; %d groups pending", progress.summary(), stage.pending_groups)
@@ -314,12 +372,12 @@ def create_app(
         key_serializer="raw",
         value_serializer="raw",
         partitions=partitions,
-        maxsize=max(batch_size, raw_buffer_bytes // RAW_MAX_MESSAGE_BYTES),
+        maxsize=2 * batch_size,
     )
 
     @app.agent(raw, concurrency=1, name=f"{app_id}.sink")
     async def sink_raw(stream: faust.StreamT) -> None:
-        await sink_batches(stream, batch_size, lanes["raw"])
+        await sink_batches(stream, batch_size, "raw")
 
     if ultra_topic is not None:
         # faust.Topic, not app.topic: app.topic drops maxsize (faust 0.15.3).
@@ -329,14 +387,14 @@ def create_app(
 
         @app.agent(ultra, concurrency=1, name=f"{app_id}.sink-ultra")
         async def sink_ultra(stream: faust.StreamT) -> None:
-            await sink_batches(stream, ultra_batch_size, lanes["ultra"])
+            await sink_batches(stream, ultra_batch_size, "ultra")
 
-    @app.timer(interval=min(1.0, commit_interval_s))
+    @app.timer(interval=min(0.1, commit_interval_s / 4))
     async def release_timed_out() -> None:
         if preflight is None or not preflight.done() or app.should_stop:
             return
         try:
-            await step(stage.tick)
+            await step(functools.partial(stage.tick, caught_up=all(caught_up.values())))
         except Exception as exc:
             log.exception("releasing timed-out groups failed; stopping")
             await app.crash(exc)

@@ -70,6 +70,8 @@ class Stage:
         decay, warmup: domain statistics settings (domain_stats.py).
         commit_bytes: commit the outbox once its messages hold this many bytes.
         commit_interval_s: commit the outbox once its oldest row waited this long.
+        idle_commit_s: when a lane is caught up (its batch was not full), commit once the oldest
+            row waited this long instead: latency matters more than file size then.
         write_retries, retry_backoff_s: retries of a failing write before the worker stops.
     """
 
@@ -85,6 +87,7 @@ class Stage:
         warmup: int = 32,
         commit_bytes: int = 64 * 2**20,
         commit_interval_s: float = 1.0,
+        idle_commit_s: float = 0.25,
         write_retries: int = 5,
         retry_backoff_s: float = 0.5,
     ) -> None:
@@ -96,6 +99,7 @@ class Stage:
         self.state = SinkState(sink.table.app_id, decay=decay, warmup=warmup)
         self.commit_bytes = commit_bytes
         self.commit_interval_s = commit_interval_s
+        self.idle_commit_s = idle_commit_s
         self.write_retries = write_retries
         self.retry_backoff_s = retry_backoff_s
         self._seen: dict[TopicPartition, int] = {}
@@ -139,7 +143,7 @@ class Stage:
         stats = self.accept(self.judge(messages))
         return dataclasses.replace(stats, rows_written=stats.rows_written + self.flush())
 
-    def accept(self, batch: JudgedBatch, now: float | None = None) -> BatchStats:
+    def accept(self, batch: JudgedBatch, now: float | None = None, *, caught_up: bool = False) -> BatchStats:
         """Steps 1-4 of the module docstring for one judged batch; raises SinkError if a write keeps failing."""
         with self._lock:
             start = time.perf_counter()
@@ -159,7 +163,7 @@ class Stage:
                 tp = (c.topic, c.partition)
                 if c.offset > self._seen.get(tp, -1):
                     self._seen[tp] = c.offset
-            rows = self._maybe_commit(now)
+            rows = self._maybe_commit(now, caught_up=caught_up)
             return BatchStats(
                 records_in=len(batch.coordinates),
                 rows_written=rows,
@@ -170,13 +174,13 @@ class Stage:
                 process_seconds=batch.seconds,
             )
 
-    def tick(self, now: float | None = None) -> int:
+    def tick(self, now: float | None = None, *, caught_up: bool = False) -> int:
         """Release timed-out groups and commit a due outbox; returns rows written."""
         with self._lock:
             now = time.monotonic() if now is None else now
             for decided in self.groups.expire(now):
                 self._decide(decided, now)
-            return self._maybe_commit(now)
+            return self._maybe_commit(now, caught_up=caught_up)
 
     def flush(self) -> int:
         """Commit whatever the outbox holds (on stop); returns rows written."""
@@ -260,10 +264,11 @@ class Stage:
         if self._outbox_since is None:
             self._outbox_since = now
 
-    def _maybe_commit(self, now: float) -> int:
+    def _maybe_commit(self, now: float, *, caught_up: bool = False) -> int:
         if not self._outbox:
             return 0
-        aged = self._outbox_since is not None and now - self._outbox_since >= self.commit_interval_s
+        wait = self.idle_commit_s if caught_up else self.commit_interval_s
+        aged = self._outbox_since is not None and now - self._outbox_since >= wait
         if aged or self._outbox_bytes >= self.commit_bytes:
             return self._commit()
         return 0

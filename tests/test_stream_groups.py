@@ -276,3 +276,30 @@ def test_txn_app_ids_no_longer_collide_and_old_ones_still_read(tmp_path):
     assert legacy_txn_app_id("p-x", "1", 0) == legacy_txn_app_id("p", "x-1", 0)
     assert txn_app_id("p-x", "1", 0) != txn_app_id("p", "x-1", 0)
     assert json.loads(txn_app_id("p-x", "1", 0)) == ["p-x", "1", 0]
+
+
+def test_a_pending_group_holds_the_safe_offset_and_leaves_holes(tmp_path):
+    codec = TrajectoryCodec()
+    records = list(SyntheticFleet(seed=4, group_size=2).trajectories(4))
+    first, second = records[:2], records[2:]
+    # offset 0: first group's sample 0; offsets 1-2: the second group, complete; offset 3: sample 1 of the first
+    order = [first[0], second[0], second[1], first[1]]
+    messages = [SourceMessage(Coordinates("raw", 0, i), None, codec.encode(r)) for i, r in enumerate(order)]
+    stage = _stage(tmp_path)
+    stage.accept(stage.judge(messages[:3]))
+    assert stage.safe_offsets()[("raw", 0)] == 0  # the outbox and the pending sample hold it
+    assert stage.flush() == 2
+    assert stage.safe_offsets()[("raw", 0)] == 0  # the pending sample at offset 0 still does
+    stored = json.loads(DeltaTable(str(tmp_path / "trajectories")).history(limit=1)[0][STATE_KEY])
+    assert stored["partitions"]['["raw",0]']["next"] == 0
+    assert stored["partitions"]['["raw",0]']["holes"] == [1, 2]
+    assert DeltaTable(str(tmp_path / "trajectories")).transaction_version(txn_app_id(APP, "raw", 0)) == -1
+    restarted = _stage(tmp_path)  # a crash here: the replay from offset 0 skips the holes
+    replay = restarted.judge(messages)
+    assert replay.skipped == 2 and len(replay.samples) == 2
+    restarted.accept(replay)
+    assert restarted.flush() == 2
+    assert restarted.safe_offsets()[("raw", 0)] == 4
+    frame = pl.read_delta(str(tmp_path / "trajectories"))
+    assert sorted(frame["offset"].to_list()) == [0, 1, 2, 3]
+    assert frame["group_status"].unique().to_list() == ["complete"]
