@@ -148,6 +148,10 @@ class Stage:
         with self._lock:
             start = time.perf_counter()
             now = time.monotonic() if now is None else now
+            # A partition assigned again after a revocation: read its state back first.
+            unknown = {(c.topic, c.partition) for c in batch.coordinates} - set(self.state.partitions)
+            if unknown:
+                self.state.load(self.sink.table, unknown)
             letters = self._retrying("dead_letters", lambda: self.dead_letters.write(batch.dead_letters))
             skipped = batch.skipped
             for sample in batch.samples:
@@ -274,7 +278,11 @@ class Stage:
         return 0
 
     def _next_states(self) -> dict[TopicPartition, PartitionState]:
-        """Every held partition's state as it will be once the outbox is committed."""
+        """The state of every partition consumed since start, as it will be once the outbox is committed.
+
+        Only those: a partition this worker never consumed may belong to another worker, whose
+        newer state a stale copy in our commit would shadow.
+        """
         lowest: dict[TopicPartition, int] = {}
         for c in self._pending:
             tp = (c.topic, c.partition)
@@ -285,7 +293,8 @@ class Stage:
         for tp in (*self._seen, *written):
             self.state.partition(tp)
         out = {}
-        for tp, current in self.state.partitions.items():
+        for tp in {*self._seen, *written}:
+            current = self.state.partitions[tp]
             undecided = min(lowest.get(tp, 2**62), self._seen.get(tp, current.next - 1) + 1)
             nxt = max(current.next, undecided)
             holes = {o for o in current.holes | written.get(tp, set()) if o >= nxt}
@@ -309,7 +318,7 @@ class Stage:
             )
 
         version = self._retrying("trajectories", write)
-        self.state.partitions = states
+        self.state.partitions.update(states)
         self.state.last_version = version
         self._outbox, self._outbox_coords, self._outbox_bytes, self._outbox_since = [], [], 0, None
         return len(rows)

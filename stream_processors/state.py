@@ -8,8 +8,8 @@ partition of its lowest sample_index, so a group spanning rollouts.raw and rollo
 once). Pending groups themselves are not stored: every sample of a pending group sits at or above
 its partition's `next` and outside its holes, so the replay from `next` rebuilds them.
 
-Every commit of rows carries the state of every partition the worker holds, as custom commit
-metadata (key STATE_KEY) written atomically with the rows and the txn versions (`next - 1`), and
+Every commit of rows carries the state of every partition the worker consumed since it started
+(never a partition another worker may own), as custom commit metadata (key STATE_KEY) written atomically with the rows and the txn versions (`next - 1`), and
 the topics' ids, so a recreated topic is recognised. `load` reads the newest state per partition
 back from the table's history.
 """
@@ -119,11 +119,15 @@ class SinkState:
         """Read the newest stored state of each wanted partition (history, newest first).
 
         A partition with no stored state but a txn version from an older rollstream (offsets only)
-        resumes after that version with empty statistics (migration).
+        resumes after that version with empty statistics (migration); one with neither starts at 0.
         """
         missing = set(wanted) - set(self.partitions)
         dt = table.refresh()
-        if dt is None or not missing:
+        if not missing:
+            return
+        if dt is None:
+            for tp in missing:
+                self.partitions[tp] = PartitionState(stats=self._stats())
             return
         for entry in _history(dt):
             body = _state_of(entry, self.app_id)
@@ -154,6 +158,8 @@ class SinkState:
                     legacy,
                 )
                 self.partitions[tp] = PartitionState(legacy + 1, set(), self._stats())
+            else:
+                self.partitions[tp] = PartitionState(stats=self._stats())
 
 
 def _history(dt: DeltaTable) -> list[dict[str, Any]]:
@@ -166,6 +172,21 @@ def _state_of(entry: Mapping[str, Any], app_id: str) -> dict[str, Any] | None:
         return None
     body = json.loads(raw)
     return body if isinstance(body, dict) and body.get("app_id") == app_id else None
+
+
+def stored_partitions(table: TxnTable, app_id: str) -> dict[TopicPartition, PartitionState]:
+    """The newest stored state of every partition `app_id` ever wrote (for checks and reports)."""
+    state = SinkState(app_id)
+    dt = table.refresh()
+    if dt is None:
+        return {}
+    wanted: set[TopicPartition] = set()
+    for entry in _history(dt):
+        body = _state_of(entry, app_id)
+        if body is not None:
+            wanted.update(_tp(k) for k in body.get("partitions", {}))
+    state.load(table, wanted)
+    return state.partitions
 
 
 def stored_topic_ids(table: TxnTable, app_id: str) -> dict[str, str]:

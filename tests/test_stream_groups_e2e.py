@@ -10,7 +10,6 @@ resets it, and that command lets the worker start afresh.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time
@@ -20,7 +19,6 @@ import numpy as np
 import polars as pl
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from deltalake import DeltaTable
 from stream_support import (
     BIG,
     committed_offsets,
@@ -36,11 +34,13 @@ from infra.cli import main as cli_main
 from producers.fleet import SyntheticFleet
 from schemas import TrajectoryCodec
 from stream_processors import BatchProcessor, DeadLetters, DeltaSink, Stage
-from stream_processors.domain_stats import DomainStats, merge
+from stream_processors.domain_stats import merge
+from stream_processors.offsets import TxnTable
 from stream_processors.preflight import topic_ids
 from stream_processors.stage import TopicIdMismatchError
-from stream_processors.state import STATE_KEY
+from stream_processors.state import stored_partitions
 
+APP_ID = "groups-e2e"
 TRAJECTORIES = 20_000
 GROUP_SIZE = 8
 ULTRA_FROM_TOKENS = 1_500
@@ -50,7 +50,7 @@ WORKER_FLAGS = ["--session-timeout", "8", "--group-wall-timeout", "600", "--comm
 
 def _run(bootstrap_servers, raw, ultra, dlq, lake, group, logs, kills: list[float]) -> None:
     """Run the worker until every trajectory is a row; SIGKILL it once each share more of them landed."""
-    app_id = "groups-e2e"
+    app_id = APP_ID
     traj = lake / "trajectories"
     for i, fraction in enumerate([*kills, None]):
         log = logs / f"worker-{i}.log"
@@ -90,13 +90,9 @@ def _committed_offsets_are_stored(bootstrap_servers, group, raw, ultra, traj) ->
 
 
 def _merged_stats(lake) -> dict[str, list[float]]:
-    entry = DeltaTable(str(lake / "trajectories")).history(limit=1)[0]
-    parts = []
-    for stored in json.loads(entry[STATE_KEY])["partitions"].values():
-        stats = DomainStats()
-        stats.load_state_dict(stored["domains"])
-        parts.append(stats)
-    return {k: v.as_list() for k, v in sorted(merge(parts).items())}
+    """Per-domain statistics merged over the newest stored state of every partition."""
+    parts = stored_partitions(TxnTable(str(lake / "trajectories"), app_id=APP_ID), APP_ID)
+    return {k: v.as_list() for k, v in sorted(merge(p.stats for p in parts.values()).items())}
 
 
 def test_groups_across_lanes_and_sigkills(bootstrap_servers, make_topic, group_name, tmp_path):
