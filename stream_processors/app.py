@@ -297,6 +297,8 @@ def create_app(
         bound_raw_buffer()
         if isinstance(result, BatchStats):
             progress.add(result)
+        else:
+            progress.rows_written += result  # a commit by tick or flush
         return cancelled
 
     async def step(work: Callable[[], BatchStats | int]) -> bool:
