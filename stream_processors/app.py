@@ -275,6 +275,14 @@ def create_app(
             paused = False
             log.info("%s: %d bytes held; fetching resumed", raw_topic, held)
 
+    crashing: set[asyncio.Future[None]] = set()
+
+    def crash_on_failure(future: asyncio.Future[Any]) -> None:
+        """Stop the worker as soon as an accept fails, even if no batch follows to observe it."""
+        if not future.cancelled() and future.exception() is not None:
+            log.error("a batch could not be written; stopping without acking: %s", future.exception())
+            crashing.add(asyncio.ensure_future(app.crash(cast(BaseException, future.exception()))))
+
     def with_safe(
         work: Callable[[], BatchStats | int],
     ) -> Callable[[], tuple[BatchStats | int, dict[TopicPartition, int]]]:
@@ -342,6 +350,7 @@ def create_app(
                     caught_up[lane_name] = len(events) < size
                     accept = functools.partial(stage.accept, judged, caught_up=caught_up[lane_name])
                     in_flight = loop.run_in_executor(sink_thread, with_safe(accept))
+                    in_flight.add_done_callback(crash_on_failure)
                     if cancelled or app.should_stop:
                         future, in_flight = in_flight, None
                         cancelled = await settle(future) or cancelled

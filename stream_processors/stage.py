@@ -94,8 +94,8 @@ class Stage:
         self.processor = processor
         self.sink = sink
         self.dead_letters = dead_letters
-        self.normalization = normalization or GroupNormalization()
-        self.groups = groups or GroupBuffer()
+        self.normalization = normalization if normalization is not None else GroupNormalization()
+        self.groups = groups if groups is not None else GroupBuffer()
         self.state = SinkState(sink.table.app_id, decay=decay, warmup=warmup)
         self.commit_bytes = commit_bytes
         self.commit_interval_s = commit_interval_s

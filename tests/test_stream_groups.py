@@ -310,3 +310,25 @@ def test_a_partition_assigned_again_reads_its_state_back(tmp_path):
     again = stage.run(messages)  # the new assignment replays from the start
     assert (again.rows_written, again.rows_skipped) == (4, 4)
     assert pl.read_delta(str(tmp_path / "trajectories")).height == 8
+
+
+def test_the_timer_releases_a_timed_out_group_and_commits_it(tmp_path):
+    codec = TrajectoryCodec()
+    records = list(SyntheticFleet(seed=1, group_size=8).trajectories(14))  # one group of 8, one of 6
+    messages = [SourceMessage(Coordinates("raw", 0, i), None, codec.encode(r)) for i, r in enumerate(records)]
+    stage = Stage(
+        BatchProcessor(),
+        DeltaSink(tmp_path / "t", app_id=APP),
+        DeadLetters(tmp_path / "d", app_id=APP),
+        groups=GroupBuffer(wall_timeout_s=5),
+    )
+    stage.load([("raw", 0)], {})
+    t = 1000.0
+    stage.accept(stage.judge(messages), now=t, caught_up=True)
+    assert stage.tick(t + 1, caught_up=True) == 8 and stage.safe_offsets()[("raw", 0)] == 8
+    assert stage.tick(t + 4.9, caught_up=True) == 0 and stage.pending_groups == 1
+    stage.tick(t + 5.0, caught_up=True)  # released, waits for the idle commit
+    assert stage.pending_groups == 0 and stage.tick(t + 5.3, caught_up=True) == 6
+    assert stage.safe_offsets()[("raw", 0)] == 14
+    frame = pl.read_delta(str(tmp_path / "t"))
+    assert frame.filter(pl.col("offset") >= 8)["group_status"].unique().to_list() == ["timed_out"]
