@@ -112,7 +112,9 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _process(args: argparse.Namespace) -> int:
+    from schemas.profile import load_profile
     from stream_processors import create_app, run_worker
+    from stream_processors.advantages import GroupNormalization, OverlongPenalty
 
     settings = _settings(args)
     app = create_app(
@@ -126,10 +128,82 @@ def _process(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         batch_within_s=args.batch_within,
         write_retries=args.write_retries,
+        profile=load_profile(settings.profile_path or None),
+        normalization=GroupNormalization(
+            mode=args.advantage,
+            per_component=args.per_component,
+            band_pass=(args.band_pass[0], args.band_pass[1]) if args.band_pass else None,
+            overlong=OverlongPenalty(args.overlong[0], args.overlong[1]) if args.overlong else None,
+        ),
+        group_event_timeout_s=args.group_timeout,
+        group_wall_timeout_s=args.group_wall_timeout,
+        domain_decay=args.domain_decay,
+        domain_warmup=args.domain_warmup,
+        commit_bytes=args.commit_mb * 2**20,
+        commit_interval_s=args.commit_interval,
+        session_timeout_s=args.session_timeout,
         data_dir=settings.state_dir / "faust",
     )
     run_worker(app, loglevel=args.loglevel)
     return 0
+
+
+def _profile_fit(args: argparse.Namespace) -> int:
+    from infra.profile_view import describe_profile
+    from schemas.profile_fit import fit_profile, read_trace
+
+    prompt, generated = read_trace(args.trace)
+    profile = fit_profile(
+        prompt,
+        generated,
+        quantiles=_floats(args.quantiles) if args.quantiles else None,
+        edges=[int(x) for x in _floats(args.edges)] if args.edges else None,
+        names=args.names.split(",") if args.names else None,
+        source=args.source or str(args.trace),
+    )
+    print(describe_profile(profile, delivered=profile.mix(prompt + generated)))
+    if args.out:
+        print(f"\nwritten to {profile.save(args.out)} (use it: ROLLSTREAM_PROFILE_PATH={args.out})")
+    else:
+        print("\n" + profile.to_toml())
+    return 0
+
+
+def _profile_show(args: argparse.Namespace) -> int:
+    from infra.profile_view import describe_profile
+    from schemas.profile import load_profile
+
+    path = args.file or _settings(args).profile_path or None
+    print(describe_profile(load_profile(path)))
+    return 0
+
+
+def _offsets_reset(args: argparse.Namespace) -> int:
+    from schemas.profile import load_profile
+    from stream_processors.offsets import TxnTable
+    from stream_processors.preflight import topic_ids, topic_partitions
+    from stream_processors.state import reset_topic
+
+    settings = _settings(args)
+    partitions = topic_partitions(settings.bootstrap_servers, [args.topic])[args.topic]
+    topic_id = topic_ids(settings.bootstrap_servers, [args.topic])[args.topic]
+    version = reset_topic(
+        TxnTable(str(settings.lake_dir / "trajectories"), app_id=args.app_id, partition_by=["bucket"]),
+        TxnTable(str(settings.lake_dir / "dead_letters"), app_id=args.app_id),
+        topic=args.topic,
+        partitions=partitions,
+        topic_id=topic_id,
+        profile_id=load_profile(settings.profile_path or None).id,
+    )
+    print(
+        f"{args.topic} (id {topic_id}, {partitions} partitions) starts afresh at offset 0 for app id "
+        f"{args.app_id!r}: trajectories version {version}; domain statistics kept"
+    )
+    return 0
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def _learn(args: argparse.Namespace) -> int:
@@ -302,8 +376,54 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-ultra", action="store_true", help="do not consume the ultra-long topic")
     p.add_argument("--batch-size", type=int, default=500)
-    p.add_argument("--batch-within", type=float, default=1.0, help="seconds to wait to fill a batch")
+    p.add_argument("--batch-within", type=float, default=0.25, help="seconds to wait to fill a batch")
     p.add_argument("--loglevel", default="info")
+    p.add_argument("--advantage", choices=["grpo", "dr_grpo"], default="grpo", help="group advantage")
+    p.add_argument("--per-component", action="store_true", help="normalize each reward component, then sum")
+    p.add_argument(
+        "--band-pass", type=float, nargs=2, metavar=("LO", "HI"), help="flag groups outside this success rate"
+    )
+    p.add_argument(
+        "--overlong", type=int, nargs=2, metavar=("MAX", "CACHE"), help="DAPO overlong penalty (tokens)"
+    )
+    p.add_argument("--group-timeout", type=float, default=300.0, help="event-time group timeout, seconds")
+    p.add_argument("--group-wall-timeout", type=float, default=30.0, help="wall-clock group timeout, seconds")
+    p.add_argument("--domain-decay", type=float, default=1.0, help="weight kept per reward, (0, 1]")
+    p.add_argument("--domain-warmup", type=int, default=32, help="rewards before a domain standardizes")
+    p.add_argument("--commit-mb", type=int, default=64, help="commit once decided rows hold this many MiB")
+    p.add_argument("--commit-interval", type=float, default=1.0, help="commit at least this often, seconds")
+    p.add_argument(
+        "--session-timeout",
+        type=float,
+        default=60.0,
+        help="Kafka session timeout: a killed worker's hold, seconds",
+    )
+
+    profile = sub.add_parser("profile", help="inference workload profiles: fit one from a trace, show one")
+    profile_sub = profile.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
+    p = profile_sub.add_parser("fit", parents=[common], help="fit a profile from a trace of request lengths")
+    p.set_defaults(handler=_profile_fit)
+    p.add_argument("trace", type=Path, help="CSV or Parquet with prompt and generated token counts")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--quantiles", help="bucket edges at these quantiles of the total length, e.g. 0.5,0.9")
+    how.add_argument("--edges", help="bucket edges in tokens, e.g. 1024,4096")
+    p.add_argument("--names", help="bucket names, e.g. short,long,ultra_long")
+    p.add_argument("--source", help="where the trace came from (default: its path)")
+    p.add_argument("--out", type=Path, help="write the profile here (default: print it)")
+    p = profile_sub.add_parser("show", parents=[common], help="print a profile with its histogram")
+    p.set_defaults(handler=_profile_show)
+    p.add_argument(
+        "file", type=Path, nargs="?", help="profile file (default: profile_path, else the shipped one)"
+    )
+
+    offsets = sub.add_parser("offsets", help="the offsets and state stored in the lake")
+    offsets_sub = offsets.add_subparsers(dest="offsets_command", required=True, metavar="ACTION")
+    p = offsets_sub.add_parser(
+        "reset", parents=[common], help="start a recreated topic afresh at offset 0 (keeps the rows)"
+    )
+    p.set_defaults(handler=_offsets_reset)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--app-id", default="rollstream-processor")
 
     p = command("learn", _learn, "run a few policy-gradient steps on the Delta table, tracked in MLflow")
     p.add_argument("--steps", type=int, default=20)

@@ -44,6 +44,10 @@ class DemoSummary:
     final_loss: float
     reward_mean: float
     seconds: dict[str, float] = field(default_factory=dict)
+    profile_id: str = ""
+    bucket_targets: dict[str, float] = field(default_factory=dict)
+    bucket_mix: dict[str, float] = field(default_factory=dict)
+    group_statuses: dict[str, int] = field(default_factory=dict)
 
     @property
     def accounted_for(self) -> bool:
@@ -70,6 +74,12 @@ class DemoSummary:
                 f"learned in {self.seconds.get('learn', 0):.1f} s, final loss {self.final_loss:.4f}, "
                 f"reward mean {self.reward_mean:.3f}",
                 f"  MLflow run       {self.mlflow_run_id} in {self.tracking_uri}",
+                f"  groups           {', '.join(f'{k} {v}' for k, v in sorted(self.group_statuses.items()))}",
+                f"  buckets          table mix beside profile {self.profile_id}'s targets:",
+                *[
+                    f"    {name:<12} {self.bucket_mix.get(name, 0.0):>6.1%}  (target {target:.1%})"
+                    for name, target in self.bucket_targets.items()
+                ],
                 "",
                 "Look next:",
                 f"  python -c \"import polars as pl; print(pl.read_delta('{self.table_uri}')"
@@ -127,7 +137,9 @@ def process_until_accounted(
     """Run `rollstream process` as a child until every message in `ranges` is a row or a dead letter."""
     log_path = settings.state_dir / "logs" / "processor.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "infra.cli", "process"]
+    # A group still incomplete when the stream ends (the fleet's last one, cut by --trajectories) is
+    # released by the wall-clock rule; 5 s instead of the default 30 keeps the demo short.
+    command = [sys.executable, "-m", "infra.cli", "process", "--group-wall-timeout", "5"]
     progress(f"starting the stream processor (log: {log_path})")
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_settings_env(settings))
@@ -172,8 +184,11 @@ def run_demo(
     progress: Progress,
 ) -> DemoSummary:
     """Up, publish, process, learn; return the accounting of this run."""
+    import polars as pl
+
     from consumers import learn
     from infra import services
+    from schemas.profile import load_profile
 
     seconds: dict[str, float] = {}
     started = time.monotonic()
@@ -208,7 +223,15 @@ def run_demo(
     )
     seconds["learn"] = time.monotonic() - started
 
+    profile = load_profile(settings.profile_path or None)
+    counts = pl.read_delta(table_uri, columns=["bucket", "group_status"])
+    mix = counts["bucket"].value_counts()
+    total = max(counts.height, 1)
     return DemoSummary(
+        profile_id=profile.id,
+        bucket_targets=profile.targets,
+        bucket_mix={str(b): n / total for b, n in mix.iter_rows()},
+        group_statuses={str(s): int(n) for s, n in counts["group_status"].value_counts().iter_rows()},
         seed=published["seed"],
         published=published["published"],
         malformed_published=published["malformed"],

@@ -59,6 +59,9 @@ class Settings:
         brokers: Kafka nodes `rollstream up` starts on this machine (KRaft, each a broker and a
             controller). Node i listens on ``kafka_port + 2i`` and ``controller_port + 2i``.
             With 3 or more, topics get replication factor 3 and min.insync.replicas 2. Default 1.
+        profile_path: The inference workload profile file the processor buckets by (fit one with
+            ``rollstream profile fit``). Default empty: the shipped profile
+            (schemas/profiles/azure_conv_2023.toml).
     """
 
     state_dir: Path = field(default_factory=_default_state_dir)
@@ -75,6 +78,7 @@ class Settings:
     dlq_topic: str = "rollouts.dlq"
     cache_dir: Path = field(default_factory=_default_cache_dir)
     brokers: int = 1
+    profile_path: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", self.state_dir.expanduser().resolve())

@@ -1,9 +1,12 @@
 """The stream stage: decode, validate, verify, bucket and normalize trajectories into Delta."""
 
 from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
+from stream_processors.advantages import GroupNormalization, OverlongPenalty
 from stream_processors.app import create_app
 from stream_processors.dead_letters import DeadLetter, DeadLetters
 from stream_processors.delta_sink import DeltaSink
+from stream_processors.domain_stats import DomainStats, RunningStats
+from stream_processors.groups import GroupBuffer
 from stream_processors.offsets import Coordinates, table_uri, txn_app_id
 from stream_processors.processing import BatchProcessor, ProcessedBatch, SourceMessage
 from stream_processors.rows import ScoredTrajectory
@@ -20,7 +23,12 @@ __all__ = [
     "DeadLetter",
     "DeadLetters",
     "DeltaSink",
+    "DomainStats",
+    "GroupBuffer",
+    "GroupNormalization",
+    "OverlongPenalty",
     "ProcessedBatch",
+    "RunningStats",
     "ScoredTrajectory",
     "SourceMessage",
     "Stage",

@@ -1,42 +1,48 @@
-"""The Faust app of the stream stage: rollouts.raw and rollouts.ultra in batches -> Delta.
+"""The Faust app of the stream stage: rollouts.raw and rollouts.ultra -> groups -> Delta.
 
-One agent per source topic, each of concurrency 1 (HAZARDS.md: higher concurrency can commit
-offsets past unfinished messages), sharing one Stage whose writes run one batch at a time in a
-single executor thread. Ultra-long trajectories get their own agent with small batches and a
-small buffer, so a burst of 64 MiB messages stays bounded in memory; they do share the sink
-thread with ordinary batches.
+One agent per source topic (a lane), each of concurrency 1 (HAZARDS.md: higher concurrency can
+commit offsets past unfinished messages). A lane judges its batches (decode, validate, verify,
+bucket) in its own thread, so a 64 MiB ultra message never holds up the raw lane nor the event
+loop; one sink thread then runs the Stage (groups, statistics, commits) for both lanes. The ultra
+lane takes small batches from a small buffer (its memory is about 3 x ultra_batch_size x 64 MiB).
 
-Before either agent consumes, the offsets stored in Delta are checked against the topics' end
-offsets (preflight.py). Batches come from ``stream.noack_take`` (always with ``within``) and are
-acked only after both Delta commits returned, so Faust never commits an offset whose row is not
-in Delta. Exactly once comes from the offsets stored in Delta (offsets.py), not from Faust:
-replays after a crash or under a new consumer group are filtered out by the sinks. A batch that
-cannot be written after retries crashes the worker without acking it. The dead-letter producer
-is closed when the app stops, after the last agent finished its batch.
+Before either lane consumes, the state stored in Delta is loaded and checked against the
+broker: offsets ahead of a topic and a topic id that changed are refused (preflight.py, stage.py).
+Batches come from ``stream.noack_take`` (always with ``within``); acks are ours alone and follow
+`Stage.safe_offsets()`: a message is acked only once it and every message before it in its
+partition is a stored row or dead letter, so Faust (which commits the contiguous acked prefix)
+never commits past a pending group's sample. A timer releases timed-out groups and commits a due
+outbox. A write that keeps failing crashes the worker without acking. SIGTERM commits the outbox;
+pending groups stay pending and are rebuilt by the replay from the stored state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import faust
 
 from schemas.profile import WorkloadProfile, load_profile
+from stream_processors.advantages import GroupNormalization
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
-from stream_processors.offsets import Coordinates, table_uri
-from stream_processors.preflight import OffsetStore, check_stored_offsets, topic_partitions
+from stream_processors.groups import GroupBuffer
+from stream_processors.offsets import Coordinates, TopicPartition, table_uri
+from stream_processors.preflight import OffsetStore, check_stored_offsets, topic_ids, topic_partitions
 from stream_processors.processing import BatchProcessor, SourceMessage
 from stream_processors.progress import Progress
 from stream_processors.stage import BatchStats, Stage
 from stream_processors.verifiers import VerifierRegistry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TRAJECTORIES_TABLE = "trajectories"
 DEAD_LETTERS_TABLE = "dead_letters"
@@ -52,17 +58,14 @@ def faust_broker_url(bootstrap_servers: str) -> str:
 
 
 async def run_to_completion(
-    loop: asyncio.AbstractEventLoop,
-    executor: ThreadPoolExecutor,
-    stage: Stage,
-    messages: Sequence[SourceMessage],
-) -> tuple[BatchStats, bool]:
-    """Run one batch in the executor and wait for it even if this task is cancelled meanwhile.
+    loop: asyncio.AbstractEventLoop, executor: ThreadPoolExecutor, work: Callable[[], T]
+) -> tuple[T, bool]:
+    """Run `work` in the executor and wait for it even if this task is cancelled meanwhile.
 
-    Returns the stats and whether a cancellation arrived, so the caller can ack what was written
+    Returns the result and whether a cancellation arrived, so the caller can ack what was written
     and then stop; a half-awaited Delta commit would otherwise leave the acks undecided.
     """
-    future = loop.run_in_executor(executor, stage.run, messages)
+    future = loop.run_in_executor(executor, work)
     cancelled = False
     while True:
         try:
@@ -71,7 +74,44 @@ async def run_to_completion(
             if future.done() and future.cancelled():
                 raise
             cancelled = True
-            log.info("stop requested: finishing the in-flight batch of %d messages first", len(messages))
+            log.info("stop requested: finishing the in-flight step first")
+
+
+class Acks:
+    """Consumed events not yet acked, per partition in offset order; acked once below the safe offset."""
+
+    def __init__(self) -> None:
+        self._held: dict[TopicPartition, deque[tuple[int, faust.EventT, faust.StreamT]]] = {}
+        self._bytes: dict[str, int] = {}
+
+    def held_bytes(self, topic: str) -> int:
+        """Bytes of the held messages of `topic` (judged, pending or in flight, not yet acked)."""
+        return self._bytes.get(topic, 0)
+
+    def hold(self, events: Sequence[faust.EventT], stream: faust.StreamT) -> None:
+        """Keep a batch's events until they are safe."""
+        for e in events:
+            tp = (e.message.topic, e.message.partition)
+            self._held.setdefault(tp, deque()).append((e.message.offset, e, stream))
+            self._bytes[tp[0]] = self._bytes.get(tp[0], 0) + len(e.message.value or b"")
+
+    async def release(self, safe: Mapping[TopicPartition, int]) -> int:
+        """Ack every held event below its partition's safe offset; returns how many."""
+        acked = 0
+        for tp, held in self._held.items():
+            limit = safe.get(tp)
+            while held and limit is not None and held[0][0] < limit:
+                _, event, stream = held.popleft()
+                self._bytes[tp[0]] -= len(event.message.value or b"")
+                await stream.ack(event)
+                acked += 1
+        return acked
+
+    def drop(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget the events of revoked partitions (never acked: the new owner replays them)."""
+        for tp in tps:
+            for _, event, _ in self._held.pop(tp, ()):
+                self._bytes[tp[0]] -= len(event.message.value or b"")
 
 
 def create_app(
@@ -85,9 +125,18 @@ def create_app(
     group_id: str | None = None,
     batch_size: int = 500,
     ultra_batch_size: int = 4,
-    batch_within_s: float = 1.0,
+    batch_within_s: float = 0.25,
     raw_partitions: int | None = None,
     profile: WorkloadProfile | None = None,
+    normalization: GroupNormalization | None = None,
+    group_event_timeout_s: float = 300.0,
+    group_wall_timeout_s: float = 30.0,
+    domain_decay: float = 1.0,
+    domain_warmup: int = 32,
+    commit_bytes: int = 64 * 2**20,
+    commit_interval_s: float = 1.0,
+    raw_buffer_bytes: int = 256 * 2**20,
+    session_timeout_s: float = 60.0,
     storage_options: Mapping[str, str] | None = None,
     producer_config: Mapping[str, Any] | None = None,
     verifiers: VerifierRegistry | None = None,
@@ -104,16 +153,27 @@ def create_app(
         ultra_topic: the topic of ultra-long trajectories (up to ULTRA_MAX_MESSAGE_BYTES each);
             None consumes `raw_topic` only.
         dlq_topic: where dead letters are sent.
-        app_id: names the Delta txn versions (the exactly-once identity); keep it stable.
+        app_id: names the Delta txn versions and the stored state (the exactly-once identity).
         group_id: the Kafka consumer group; default `app_id`. A new group re-reads the topics from
             the beginning and writes nothing twice.
-        batch_size: most messages per batch (and per Delta commit) from `raw_topic`.
+        batch_size: most messages per batch from `raw_topic`.
         ultra_batch_size: most messages per batch from `ultra_topic`, which is also how many more
-            it buffers: bounds its memory to about 3 x ultra_batch_size x 64 MiB.
-        batch_within_s: the longest a partial batch waits before it is written.
-        raw_partitions: partitions of `raw_topic`; default read from broker metadata, which also
-            checks that the topics exist (without it, a missing topic may be auto-created).
+            it buffers.
+        batch_within_s: the longest a partial batch waits before it is judged (commits are sized
+            apart from batches, by `commit_bytes` and `commit_interval_s`).
+        raw_partitions: partitions of `raw_topic`; default read from broker metadata.
         profile: the inference workload profile that buckets rows; default the shipped one.
+        normalization: how group advantages are computed (advantages.py); default GRPO.
+        group_event_timeout_s, group_wall_timeout_s: the timeout rule of groups.py.
+        domain_decay, domain_warmup: per-domain running statistics (domain_stats.py).
+        commit_bytes, commit_interval_s: a commit is made once the decided rows hold this many
+            message bytes, or once the oldest waited this long; when the lanes are caught up
+            (their last batches were not full), once the oldest waited 0.25 s.
+        raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
+            not yet acked): above it fetching rollouts.raw pauses, and resumes at half. Faust's
+            own buffer adds at most 2 x batch_size messages.
+        session_timeout_s: Kafka consumer session timeout; a SIGKILLed worker's partitions stay
+            assigned to it for this long before a restarted worker gets them.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
         verifiers: task_type -> verifier; default `verifiers.default_registry()`.
@@ -138,8 +198,12 @@ def create_app(
         topic_partitions=partitions,
         consumer_auto_offset_reset="earliest",
         consumer_max_fetch_size=ULTRA_MAX_MESSAGE_BYTES,
+        broker_session_timeout=session_timeout_s,
+        broker_heartbeat_interval=min(3.0, session_timeout_s / 3),
         broker_commit_every=batch_size,
-        stream_wait_empty=True,
+        # Pending groups hold acks back for as long as they wait: Faust must not wait for them
+        # before a rebalance (revoked partitions are forgotten and replayed by their new owner).
+        stream_wait_empty=False,
         **options,
     )
     profile = profile if profile is not None else load_profile()
@@ -159,30 +223,104 @@ def create_app(
             storage_options=storage_options,
             producer_config=producer_config,
         ),
+        normalization=normalization,
+        groups=GroupBuffer(event_timeout_s=group_event_timeout_s, wall_timeout_s=group_wall_timeout_s),
+        decay=domain_decay,
+        warmup=domain_warmup,
+        commit_bytes=commit_bytes,
+        commit_interval_s=commit_interval_s,
         write_retries=write_retries,
     )
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-sink")
+    sink_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-sink")
+    lanes = {
+        "raw": ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-raw"),
+        "ultra": ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-ultra"),
+    }
     progress = Progress()
+    acks = Acks()
     preflight: asyncio.Future[None] | None = None
     running = 0
 
+    def start() -> None:
+        counts = topic_partitions(bootstrap_servers, topics)
+        stores: list[tuple[str, OffsetStore]] = [
+            (TRAJECTORIES_TABLE, stage.sink),
+            (DEAD_LETTERS_TABLE, stage.dead_letters),
+        ]
+        check_stored_offsets(bootstrap_servers, topics, stores)
+        held = [(t, p) for t, n in counts.items() for p in range(n)]
+        stage.load(held, topic_ids(bootstrap_servers, topics))
+
     async def checked() -> None:
-        """Run the stored-offset check once, for whichever agent asks first."""
+        """Load and check the stored state once, for whichever lane asks first."""
         nonlocal preflight
         if preflight is None:
-            stores: list[tuple[str, OffsetStore]] = [
-                (TRAJECTORIES_TABLE, stage.sink),
-                (DEAD_LETTERS_TABLE, stage.dead_letters),
-            ]
-            preflight = asyncio.get_running_loop().run_in_executor(
-                executor, check_stored_offsets, bootstrap_servers, topics, stores
-            )
+            preflight = asyncio.get_running_loop().run_in_executor(sink_thread, start)
         await asyncio.shield(preflight)
 
-    async def sink_batches(stream: faust.StreamT, size: int) -> None:
+    paused = False
+
+    def bound_raw_buffer() -> None:
+        """Pause fetching rollouts.raw while its held messages exceed raw_buffer_bytes; resume at half."""
+        nonlocal paused
+        held = acks.held_bytes(raw_topic)
+        if held > raw_buffer_bytes and not paused:
+            tps = [tp for tp in app.consumer.assignment() if tp.topic == raw_topic]
+            app.consumer.pause_partitions(tps)
+            paused = True
+            log.info("%s: %d bytes held (bound %d); fetching paused", raw_topic, held, raw_buffer_bytes)
+        elif paused and held <= raw_buffer_bytes // 2:
+            tps = [tp for tp in app.consumer.assignment() if tp.topic == raw_topic]
+            app.consumer.resume_partitions(tps)
+            paused = False
+            log.info("%s: %d bytes held; fetching resumed", raw_topic, held)
+
+    crashing: set[asyncio.Future[None]] = set()
+
+    def crash_on_failure(future: asyncio.Future[Any]) -> None:
+        """Stop the worker as soon as an accept fails, even if no batch follows to observe it."""
+        if not future.cancelled() and future.exception() is not None:
+            log.error("a batch could not be written; stopping without acking: %s", future.exception())
+            crashing.add(asyncio.ensure_future(app.crash(cast(BaseException, future.exception()))))
+
+    def with_safe(
+        work: Callable[[], BatchStats | int],
+    ) -> Callable[[], tuple[BatchStats | int, dict[TopicPartition, int]]]:
+        """`work` followed by the safe offsets it leaves, as one call in the sink thread."""
+        return lambda: (work(), stage.safe_offsets())
+
+    async def settle(future: asyncio.Future[tuple[BatchStats | int, dict[TopicPartition, int]]]) -> bool:
+        """Wait for a sink step even if cancelled meanwhile, ack what became safe; True if cancelled."""
+        cancelled = False
+        while True:
+            try:
+                result, safe = await asyncio.shield(future)
+                break
+            except asyncio.CancelledError:
+                if future.done() and future.cancelled():
+                    raise
+                cancelled = True
+                log.info("stop requested: finishing the in-flight sink step first")
+        await acks.release(safe)
+        bound_raw_buffer()
+        if isinstance(result, BatchStats):
+            progress.add(result)
+        else:
+            progress.rows_written += result  # a commit by tick or flush
+        return cancelled
+
+    async def step(work: Callable[[], BatchStats | int]) -> bool:
+        """Run one stage step in the sink thread, then ack what became safe; True if cancelled."""
+        return await settle(asyncio.get_running_loop().run_in_executor(sink_thread, with_safe(work)))
+
+    caught_up = {"raw": True, "ultra": True}
+
+    async def sink_batches(stream: faust.StreamT, size: int, lane_name: str) -> None:
+        """Judge batch N+1 in the lane's thread while the sink thread accepts batch N."""
         nonlocal running
         loop = asyncio.get_running_loop()
         running += 1
+        in_flight: asyncio.Future[tuple[BatchStats | int, dict[TopicPartition, int]]] | None = None
         try:
             try:
                 await checked()
@@ -202,35 +340,55 @@ def create_app(
                     )
                     for e in events
                 ]
+                acks.hold(events, stream)
                 try:
-                    stats, cancelled = await run_to_completion(loop, executor, stage, messages)
+                    judged, cancelled = await run_to_completion(
+                        loop, lanes[lane_name], functools.partial(stage.judge, messages)
+                    )
+                    if in_flight is not None:
+                        cancelled = await settle(in_flight) or cancelled
+                    caught_up[lane_name] = len(events) < size
+                    accept = functools.partial(stage.accept, judged, caught_up=caught_up[lane_name])
+                    in_flight = loop.run_in_executor(sink_thread, with_safe(accept))
+                    in_flight.add_done_callback(crash_on_failure)
+                    if cancelled or app.should_stop:
+                        future, in_flight = in_flight, None
+                        cancelled = await settle(future) or cancelled
+                        cancelled = await step(stage.flush) or cancelled
+                        log.info("stopping: the decided rows were committed and acked first")
                 except Exception as exc:
                     log.exception(
-                        "batch of %d messages could not be written; stopping without acking", len(events)
+                        "a batch of %d messages could not be written; stopping without acking", len(events)
                     )
                     await app.crash(exc)
                     return
-                for event in events:
-                    await stream.ack(event)
-                progress.add(stats)
-                if cancelled or app.should_stop:
-                    log.info(
-                        "stopping: the in-flight batch of %d messages was written and acked first",
-                        len(events),
-                    )
                 if cancelled:
                     raise asyncio.CancelledError
         finally:
             running -= 1
+            if app.should_stop:
+                try:
+                    if in_flight is not None:
+                        await settle(in_flight)
+                    await step(stage.flush)
+                except Exception:
+                    log.exception("committing the decided rows at stop failed; the replay redoes them")
             if running == 0 and app.should_stop:  # not when Faust's supervisor restarts an agent
                 stage.dead_letters.close()
-                log.info("sink stopped: %s", progress.summary())
+                log.info("sink stopped: %s; %d groups pending", progress.summary(), stage.pending_groups)
 
-    raw = app.topic(raw_topic, key_serializer="raw", value_serializer="raw", partitions=partitions)
+    raw = faust.Topic(
+        app,
+        topics=[raw_topic],
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=partitions,
+        maxsize=2 * batch_size,
+    )
 
     @app.agent(raw, concurrency=1, name=f"{app_id}.sink")
     async def sink_raw(stream: faust.StreamT) -> None:
-        await sink_batches(stream, batch_size)
+        await sink_batches(stream, batch_size, "raw")
 
     if ultra_topic is not None:
         # faust.Topic, not app.topic: app.topic drops maxsize (faust 0.15.3).
@@ -240,10 +398,30 @@ def create_app(
 
         @app.agent(ultra, concurrency=1, name=f"{app_id}.sink-ultra")
         async def sink_ultra(stream: faust.StreamT) -> None:
-            await sink_batches(stream, ultra_batch_size)
+            await sink_batches(stream, ultra_batch_size, "ultra")
+
+    @app.timer(interval=min(0.1, commit_interval_s / 4))
+    async def release_timed_out() -> None:
+        if preflight is None or not preflight.done() or app.should_stop:
+            return
+        try:
+            await step(functools.partial(stage.tick, caught_up=all(caught_up.values())))
+        except Exception as exc:
+            log.exception("releasing timed-out groups failed; stopping")
+            await app.crash(exc)
+
+    async def on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        revoked: Iterable[Any] = args[0] if args else kwargs.get("revoked", ())
+        tps = [(tp.topic, tp.partition) for tp in revoked]
+        if preflight is None or not tps or app.should_stop:
+            return
+        acks.drop(tps)
+        await asyncio.get_running_loop().run_in_executor(sink_thread, stage.revoke, tps)
+
+    app.on_partitions_revoked.connect(cast(Any, on_revoked))
 
     @app.timer(interval=log_every_s)
     async def report_progress() -> None:
-        log.info("progress: %s", progress.summary())
+        log.info("progress: %s; %d groups pending", progress.summary(), stage.pending_groups)
 
     return app

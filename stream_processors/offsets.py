@@ -1,14 +1,17 @@
 """Kafka offsets stored as Delta application transactions, in the same commit as the rows.
 
-Each (topic, partition) has a txn app id ``"<app_id>-<topic>-<partition>"`` whose version is the
-highest offset already appended. A batch keeps only messages above that version, and the append
-records the new highest offsets in its own commit, so a replay (a crash, a rebalance, a new
-consumer group) writes nothing twice. A concurrent writer that committed the same app id first
-makes our commit fail (delta-rs checks txn conflicts); we reload and filter again.
+Each (topic, partition) has a txn app id, the JSON array ``["<app_id>","<topic>",<partition>]``
+(unambiguous, unlike the ``"<app_id>-<topic>-<partition>"`` of earlier versions, which is still
+read when the new one is absent). `append` keeps the dead_letters semantics: the version is the
+highest offset appended, a batch keeps only messages above it, so a replay writes nothing twice; a
+concurrent writer that committed the same app id first makes our commit fail (delta-rs checks txn
+conflicts) and we reload and filter again. `commit` is the trajectories table's: the caller decides
+the rows and the versions from its own state (state.py) and writes that state in the same commit.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +22,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from stream_processors.exceptions import SinkError
+from stream_processors.exceptions import SinkError, StreamProcessorError
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +39,17 @@ class Coordinates:
 
 
 def txn_app_id(app_id: str, topic: str, partition: int) -> str:
-    """The Delta txn app id holding one partition's highest written offset."""
+    """The Delta txn app id of one partition: a JSON array, so no two (app, topic, partition) collide."""
+    return json.dumps([app_id, topic, partition], separators=(",", ":"))
+
+
+def legacy_txn_app_id(app_id: str, topic: str, partition: int) -> str:
+    """The ambiguous txn app id of rollstream before issue 6 ("p-x","1" and "p","x-1" collide); read only."""
     return f"{app_id}-{topic}-{partition}"
+
+
+class ConcurrentWriterError(StreamProcessorError):
+    """Another writer committed offsets of our partitions; retrying could write rows twice."""
 
 
 def table_uri(lake_dir: Path | str, name: str) -> str:
@@ -85,27 +97,87 @@ class TxnTable:
         self._table: DeltaTable | None = None
         self._writer_properties = WriterProperties(compression="ZSTD")
 
-    def _refresh(self) -> DeltaTable | None:
-        if self._table is not None:
-            self._table.update_incremental()
-        elif DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-            self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+    def refresh(self) -> DeltaTable | None:
+        """The table at its newest version, or None before the first write; raises SinkError."""
+        try:
+            if self._table is not None:
+                self._table.update_incremental()
+            elif DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
+                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+        except (DeltaError, OSError) as exc:
+            raise SinkError(f"reading the newest version of {self.uri} failed: {exc}") from exc
         return self._table
 
+    def version_of(self, table: DeltaTable | None, topic: str, partition: int) -> int | None:
+        """The txn version of (topic, partition), the legacy app id's when the new one is absent."""
+        if table is None:
+            return None
+        version = table.transaction_version(txn_app_id(self.app_id, topic, partition))
+        if version is None:
+            version = table.transaction_version(legacy_txn_app_id(self.app_id, topic, partition))
+        return version
+
     def stored_offset(self, topic: str, partition: int) -> int | None:
-        """The highest offset of (topic, partition) already in the table, or None."""
-        table = self._refresh()
-        return None if table is None else table.transaction_version(txn_app_id(self.app_id, topic, partition))
+        """The txn version of (topic, partition): the highest offset appended (dead letters), or None."""
+        return self.version_of(self.refresh(), topic, partition)
 
     def _stored(self, table: DeltaTable | None, keys: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        if table is None:
-            return {}
         out = {}
         for topic, partition in keys:
-            version = table.transaction_version(txn_app_id(self.app_id, topic, partition))
+            version = self.version_of(table, topic, partition)
             if version is not None:
                 out[(topic, partition)] = version
         return out
+
+    def commit(
+        self,
+        data: pa.Table,
+        versions: Mapping[TopicPartition, int],
+        metadata: Mapping[str, str],
+        *,
+        expected_version: int | None,
+    ) -> int:
+        """Append `data` with txn `versions` and custom `metadata` in one commit; returns the table version.
+
+        `expected_version` is the table version of our previous commit (None: not known, e.g. the
+        first commit of this process); a newer commit by the same app id in between means another
+        worker writes our partitions, and the commit is refused instead of retried.
+        """
+        table = self.refresh()
+        if table is not None and expected_version is not None and table.version() != expected_version:
+            for entry in table.history(limit=table.version() - expected_version):
+                if entry.get("version", -1) > expected_version and any(
+                    json.loads(v).get("app_id") == self.app_id
+                    for k, v in entry.items()
+                    if k == "rollstream.state" and isinstance(v, str)
+                ):
+                    raise ConcurrentWriterError(
+                        f"{self.uri}: version {entry['version']} was committed by another worker with app id "
+                        f"{self.app_id!r}; stop all but one worker per app id and restart"
+                    )
+        now_ms = int(time.time() * 1000)
+        txns = [
+            Transaction(txn_app_id(self.app_id, t, p), v, now_ms) for (t, p), v in sorted(versions.items())
+        ]
+        try:
+            write_deltalake(
+                table if table is not None else self.uri,
+                data,
+                mode="append",
+                partition_by=self.partition_by,
+                storage_options=self.storage_options,
+                writer_properties=self._writer_properties,
+                commit_properties=CommitProperties(app_transactions=txns, custom_metadata=dict(metadata)),
+            )
+        except CommitFailedError as exc:
+            raise ConcurrentWriterError(
+                f"{self.uri}: a concurrent commit touched our offsets ({exc}); one worker per app id"
+            ) from exc
+        except (DeltaError, OSError) as exc:
+            raise SinkError(f"appending {data.num_rows} rows to {self.uri} failed: {exc}") from exc
+        written = self.refresh()
+        assert written is not None
+        return written.version()
 
     def append(self, coordinates: Sequence[Coordinates], build: Callable[[list[int]], pa.Table]) -> int:
         """Append the rows whose offsets are new; returns how many were written.
@@ -116,7 +188,7 @@ class TxnTable:
         """
         attempt = 0
         while True:
-            table = self._refresh()
+            table = self.refresh()
             stored = self._stored(table, list(highest_offsets(coordinates)))
             keep = [i for i, c in enumerate(coordinates) if c.offset > stored.get((c.topic, c.partition), -1)]
             if not keep:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from stream_processors.exceptions import StreamProcessorError
@@ -61,6 +61,19 @@ def high_watermarks(
         raise StreamProcessorError(
             f"could not read the end offsets of {sorted(counts)} from {bootstrap_servers}: "
             f"{exc.args[0]}; check the broker"
+        ) from exc
+
+
+def topic_ids(bootstrap_servers: str, topics: Iterable[str], *, timeout_s: float = 15.0) -> dict[str, str]:
+    """Kafka's id (a UUID, new with every creation) of each topic."""
+    names = list(topics)
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    try:
+        futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout_s)
+        return {name: str(f.result(timeout=timeout_s).topic_id) for name, f in futures.items()}
+    except KafkaException as exc:
+        raise StreamProcessorError(
+            f"could not describe the topics {names} on {bootstrap_servers}: {exc.args[0]}; check the broker"
         ) from exc
 
 

@@ -1,24 +1,27 @@
-"""One batch of raw messages in, scored trajectories and dead letters out (no I/O).
+"""One batch of raw messages in, judged trajectories and dead letters out (no I/O).
 
 Order per message: decode (Avro single-object), validate (validation.py), pick the verifier by
 task_type, judge. Anything that fails becomes a dead letter with the error's message as reason;
 an unexpected exception inside a verifier is a verdict with status "error" instead, since the
-trajectory itself is sound. Then buckets and advantages are computed over the whole batch.
+trajectory itself is sound. `judge` leaves groups to the stage (groups.py); `process` computes
+advantages within the batch alone, for benchmarks and tests of the sink.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import DecodeError, TrajectoryCodec
 from schemas.profile import WorkloadProfile, load_profile
-from stream_processors.advantages import domain_rewards, group_advantages
+from stream_processors.advantages import group_advantages
 from stream_processors.dead_letters import DeadLetter
 from stream_processors.exceptions import InvalidRecordError
+from stream_processors.groups import Sample
 from stream_processors.offsets import Coordinates
 from stream_processors.rows import ScoredTrajectory
 from stream_processors.validation import TokenArrays, validate
@@ -34,6 +37,17 @@ class SourceMessage:
     coordinates: Coordinates
     key: bytes | None
     value: bytes | None
+
+
+@dataclass(slots=True)
+class JudgedBatch:
+    """A batch judged: samples for the group buffer, dead letters, and the offsets already decided."""
+
+    coordinates: list[Coordinates] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    skipped: int = 0
+    seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -65,6 +79,32 @@ class BatchProcessor:
         self.verifiers = verifiers if verifiers is not None else default_registry()
         self.profile = profile if profile is not None else load_profile()
 
+    def judge(
+        self, messages: Sequence[SourceMessage], done: Callable[[Coordinates], bool] = lambda _: False
+    ) -> JudgedBatch:
+        """Judge each message not `done` yet (a replay), bucketing its length; never raises for bad input."""
+        start = time.perf_counter()
+        out = JudgedBatch(coordinates=[m.coordinates for m in messages])
+        for message in messages:
+            if done(message.coordinates):
+                out.skipped += 1
+                continue
+            try:
+                record, tokens, verdict = self._judge(message)
+            except (DecodeError, InvalidRecordError) as exc:
+                out.dead_letters.append(self._letter(message, exc))
+                continue
+            except Exception as exc:
+                log.warning("unexpected %s at %s: %s", type(exc).__name__, message.coordinates, exc)
+                out.dead_letters.append(self._letter(message, exc))
+                continue
+            bucket = self.profile.bucket_of(tokens.length)
+            out.samples.append(
+                Sample(message.coordinates, record, tokens, verdict, bucket, len(message.value or b""))
+            )
+        out.seconds = time.perf_counter() - start
+        return out
+
     def process(self, messages: Sequence[SourceMessage]) -> ProcessedBatch:
         """Turn a batch into rows and dead letters; never raises for bad input."""
         out = ProcessedBatch()
@@ -83,7 +123,6 @@ class BatchProcessor:
         advantages = group_advantages(
             [record["group_id"] for _, record, _, _ in judged], rewards, [v.status for _, _, _, v in judged]
         )
-        normalized = domain_rewards(rewards)
         buckets = self.profile.bucket_names([tokens.length for _, _, tokens, _ in judged])
         for i, (coordinates, record, tokens, verdict) in enumerate(judged):
             out.rows.append(
@@ -93,7 +132,8 @@ class BatchProcessor:
                     verdict=verdict,
                     bucket=buckets[i],
                     advantage=float(advantages[i]),
-                    domain_reward=float(normalized[i]),
+                    domain_reward=0.0,
+                    group_status="batch",
                 )
             )
             out.coordinates.append(coordinates)

@@ -19,8 +19,9 @@ class ScoredTrajectory:
         verdict: the verifier's judgement.
         bucket: the name of its length bucket in the active workload profile.
         advantage: reward normalized within its group (see advantages.py).
-        domain_reward: reward normalized within its domain (for now the reward itself).
-        group_status: how the advantage was decided ("batch": within the batch only, for now).
+        domain_reward: reward standardized within its domain (domain_stats.py).
+        group_status: how the group was decided: "complete", "filtered", "timed_out", "duplicate",
+            "late" (groups.py, advantages.py); "batch" from `BatchProcessor.process` alone.
     """
 
     record: dict[str, Any]

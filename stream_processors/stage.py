@@ -1,49 +1,49 @@
-"""The synchronous heart of the stream stage: one batch through processing and both sinks.
+"""The synchronous heart of the stream stage: judged batches through groups, statistics and sinks.
 
-Kept free of Faust so it can be tested and benchmarked alone; app.py runs it in an executor
-thread, one batch at a time, and acks the batch's messages only after `run` returns.
+Kept free of Faust so it can be tested and benchmarked alone. app.py judges each lane's batches in
+the lane's own thread (`BatchProcessor.judge`) and runs `accept`, `tick` and `flush` in a single
+sink thread; after each it acks, per partition, the messages below `safe_offsets()`, so Kafka's
+committed offset never passes a message whose row or dead letter is not yet stored.
 
-Rows and dead letters are two Delta commits to two tables, each exactly once per offset by its
-own txn versions, not one atomic commit. A worker that dies between them leaves the batch's rows
-committed and its letters not; the replay processes the batch again, the rows sink skips offsets
-at or below its stored offset, and the letters are written. That makes every message exactly one
-row or one dead letter only if its outcome on replay is the one it had before: a function of its
-bytes and the deployed code (the codec's schemas, validation.py, the verifier registry). If the
-outcome changes in between, a message that was a letter and is now a row is lost when a later
-row of its partition was committed (its offset is skipped as written), and one that was a row
-and is now a letter lands in both tables. One case is not a function of the bytes even with the
-same code: an unexpected exception in processing (not a decode or validation error, which a
-replay repeats) is dead-lettered and may not recur.
-
-So after a crash (a non-zero exit, SIGKILL, an OOM kill; a SIGTERM stop finishes both commits):
-restart with the same app_id and unchanged code, and nothing is lost or doubled (but for that one
-case). Change the code or the registry only once that worker has consumed past the batch it
-crashed in, then stop it with SIGTERM. If the code changed first, check the crashed batch by
-hand: the offsets at risk are those covered by the last trajectories commit the crashed worker
-made (per partition, between the table's stored offset in the version before it and in that
-version; `DeltaTable.history()` shows the commit). Each must be in exactly one of the two tables:
-publish a missing message again (read it from Kafka at its coordinates), delete a doubled one
-from dead_letters.
+Steps of `accept`:
+  1. send and append the batch's dead letters (their own table, exactly once per offset), before
+     any commit of rows could record their offsets as decided;
+  2. buffer each sample in its group (groups.py); a decided group gets its advantages
+     (advantages.py), updates its owner partition's domain statistics, and its rows join the
+     outbox;
+  3. release the groups the timeout rule decides;
+  4. commit the outbox when it holds `commit_bytes` or is `commit_interval_s` old: the rows, the
+     txn versions and the state (state.py) in one Delta commit.
+A failing write is retried with backoff (`write_retries` times). See docs/stream.md for recovery.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from stream_processors.advantages import NO_SIGNAL_STATUSES, GroupNormalization, Member, decide_group
 from stream_processors.dead_letters import DeadLetters
-from stream_processors.delta_sink import DeltaSink
-from stream_processors.exceptions import SinkError
-from stream_processors.processing import BatchProcessor, SourceMessage
+from stream_processors.delta_sink import DeltaSink, trajectories_table
+from stream_processors.domain_stats import RunningStats, standardize
+from stream_processors.exceptions import SinkError, StreamProcessorError
+from stream_processors.groups import DecidedGroup, GroupBuffer
+from stream_processors.offsets import Coordinates, TopicPartition
+from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
+from stream_processors.rows import ScoredTrajectory
+from stream_processors.state import PartitionState, SinkState
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class BatchStats:
-    """What one batch did: messages in, rows and dead letters appended, replays skipped, timings."""
+    """What one step did: messages in, rows and dead letters appended, replays skipped, timings."""
 
     records_in: int
     rows_written: int
@@ -54,15 +54,25 @@ class BatchStats:
     process_seconds: float = 0.0
 
 
-class Stage:
-    """Processes a batch, then appends its rows and its dead letters, each exactly once per offset.
+class TopicIdMismatchError(StreamProcessorError):
+    """A topic's id differs from the one stored with the offsets: it was deleted and recreated."""
 
-    Steps of `run`:
-      1. decode, validate, verify, bucket, normalize (BatchProcessor);
-      2. append the rows to the trajectories table with their offsets (one commit);
-      3. send the dead letters to the topic, then append them to the dead_letters table.
-    A failing write is retried with backoff (`write_retries` times); replayed offsets are
-    skipped by the sinks, so a retry never duplicates.
+
+class Stage:
+    """Groups, normalizes and persists judged batches, exactly once per offset (see the module doc).
+
+    Args:
+        processor: judges messages (decode, validate, verify, bucket).
+        sink: the trajectories table.
+        dead_letters: the dead-letter topic and table.
+        normalization: how group advantages are computed.
+        groups: the pending-group buffer (its timeouts).
+        decay, warmup: domain statistics settings (domain_stats.py).
+        commit_bytes: commit the outbox once its messages hold this many bytes.
+        commit_interval_s: commit the outbox once its oldest row waited this long.
+        idle_commit_s: when a lane is caught up (its batch was not full), commit once the oldest
+            row waited this long instead: latency matters more than file size then.
+        write_retries, retry_backoff_s: retries of a failing write before the worker stops.
     """
 
     def __init__(
@@ -71,31 +81,247 @@ class Stage:
         sink: DeltaSink,
         dead_letters: DeadLetters,
         *,
+        normalization: GroupNormalization | None = None,
+        groups: GroupBuffer | None = None,
+        decay: float = 1.0,
+        warmup: int = 32,
+        commit_bytes: int = 64 * 2**20,
+        commit_interval_s: float = 1.0,
+        idle_commit_s: float = 0.25,
         write_retries: int = 5,
         retry_backoff_s: float = 0.5,
     ) -> None:
         self.processor = processor
         self.sink = sink
         self.dead_letters = dead_letters
+        self.normalization = normalization if normalization is not None else GroupNormalization()
+        self.groups = groups if groups is not None else GroupBuffer()
+        self.state = SinkState(sink.table.app_id, decay=decay, warmup=warmup)
+        self.commit_bytes = commit_bytes
+        self.commit_interval_s = commit_interval_s
+        self.idle_commit_s = idle_commit_s
         self.write_retries = write_retries
         self.retry_backoff_s = retry_backoff_s
+        self._seen: dict[TopicPartition, int] = {}
+        self._pending: set[Coordinates] = set()
+        self._outbox: list[ScoredTrajectory] = []
+        self._outbox_coords: list[Coordinates] = []
+        self._outbox_bytes = 0
+        self._outbox_since: float | None = None
+        self._lock = threading.Lock()
+
+    # -- startup ---------------------------------------------------------------------------------
+
+    def load(self, partitions: Iterable[TopicPartition], topic_ids: Mapping[str, str]) -> None:
+        """Read the stored state of `partitions` and check the topics' ids against the stored ones."""
+        wanted = list(partitions)
+        self.state.load(self.sink.table, wanted)
+        for topic, topic_id in topic_ids.items():
+            stored = self.state.topic_ids.get(topic)
+            if stored is not None and stored != topic_id:
+                raise TopicIdMismatchError(
+                    f"topic {topic!r} has id {topic_id} on the broker, but {self.sink.uri} stored its "
+                    f"offsets for id {stored}: the topic was deleted and recreated, and its new messages "
+                    f"would be skipped as already written. To start this topic afresh in the same lake, "
+                    f"run `rollstream offsets reset --topic {topic} --app-id {self.state.app_id}`; or "
+                    "point the worker at a new lake directory"
+                )
+            self.state.topic_ids[topic] = topic_id
+
+    def done(self, c: Coordinates) -> bool:
+        """True when the message at `c` is already a row or a dead letter (safe from any thread)."""
+        return self.state.done(c)
+
+    # -- the steps -------------------------------------------------------------------------------
+
+    def judge(self, messages: Sequence[SourceMessage]) -> JudgedBatch:
+        """Decode, validate and verify a batch, skipping replays (runs in a lane's thread)."""
+        return self.processor.judge(messages, self.done)
 
     def run(self, messages: Sequence[SourceMessage]) -> BatchStats:
-        """Process and persist one batch; raises SinkError when a write keeps failing."""
-        start = time.perf_counter()
-        batch = self.processor.process(messages)
-        processed = time.perf_counter()
-        rows = self._retrying("trajectories", lambda: self.sink.write(batch.rows, batch.coordinates))
-        letters = self._retrying("dead_letters", lambda: self.dead_letters.write(batch.dead_letters))
-        return BatchStats(
-            records_in=len(messages),
-            rows_written=rows,
-            dead_letters_written=letters,
-            rows_skipped=len(batch.rows) - rows,
-            dead_letters_skipped=len(batch.dead_letters) - letters,
-            seconds=time.perf_counter() - start,
-            process_seconds=processed - start,
+        """Judge, accept and commit one batch in this thread (tests and benchmarks)."""
+        stats = self.accept(self.judge(messages))
+        return dataclasses.replace(stats, rows_written=stats.rows_written + self.flush())
+
+    def accept(self, batch: JudgedBatch, now: float | None = None, *, caught_up: bool = False) -> BatchStats:
+        """Steps 1-4 of the module docstring for one judged batch; raises SinkError if a write keeps failing."""
+        with self._lock:
+            start = time.perf_counter()
+            now = time.monotonic() if now is None else now
+            # A partition assigned again after a revocation: read its state back first.
+            unknown = {(c.topic, c.partition) for c in batch.coordinates} - set(self.state.partitions)
+            if unknown:
+                self.state.load(self.sink.table, unknown)
+            letters = self._retrying("dead_letters", lambda: self.dead_letters.write(batch.dead_letters))
+            skipped = batch.skipped
+            for sample in batch.samples:
+                c = sample.coordinates
+                if c in self._pending or self.state.done(c):
+                    skipped += 1
+                    continue
+                self._pending.add(c)
+                decided = self.groups.add(sample, now)
+                if decided is not None:
+                    self._decide(decided, now)
+            for c in batch.coordinates:
+                tp = (c.topic, c.partition)
+                if c.offset > self._seen.get(tp, -1):
+                    self._seen[tp] = c.offset
+            rows = self._maybe_commit(now, caught_up=caught_up)
+            return BatchStats(
+                records_in=len(batch.coordinates),
+                rows_written=rows,
+                dead_letters_written=letters,
+                rows_skipped=skipped,
+                dead_letters_skipped=len(batch.dead_letters) - letters,
+                seconds=time.perf_counter() - start + batch.seconds,
+                process_seconds=batch.seconds,
+            )
+
+    def tick(self, now: float | None = None, *, caught_up: bool = False) -> int:
+        """Release timed-out groups and commit a due outbox; returns rows written."""
+        with self._lock:
+            now = time.monotonic() if now is None else now
+            for decided in self.groups.expire(now):
+                self._decide(decided, now)
+            return self._maybe_commit(now, caught_up=caught_up)
+
+    def flush(self) -> int:
+        """Commit whatever the outbox holds (on stop); returns rows written."""
+        with self._lock:
+            return self._commit()
+
+    def revoke(self, partitions: Iterable[TopicPartition]) -> None:
+        """Forget revoked partitions: their pending groups (not acked, so replayed by the new owner)."""
+        with self._lock:
+            self._commit()
+            gone = set(partitions)
+            self.groups.drop(gone)
+            self._pending = {c for c in self._pending if (c.topic, c.partition) not in gone}
+            for tp in gone:
+                self._seen.pop(tp, None)
+            self.state.drop(gone)
+
+    def safe_offsets(self) -> dict[TopicPartition, int]:
+        """Per partition, the offset below which every message is stored (a row or a dead letter)."""
+        with self._lock:
+            safe = {tp: seen + 1 for tp, seen in self._seen.items()}
+            for c in (*self._pending, *self._outbox_coords):
+                tp = (c.topic, c.partition)
+                if c.offset < safe.get(tp, c.offset + 1):
+                    safe[tp] = c.offset
+            return safe
+
+    @property
+    def pending_groups(self) -> int:
+        """Groups waiting for samples."""
+        return len(self.groups)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _decide(self, decided: DecidedGroup, now: float) -> None:
+        samples = decided.samples
+        members = [
+            Member(
+                s.verdict.reward, s.verdict.status, s.verdict.reward_components, len(s.tokens.response_tokens)
+            )
+            for s in samples
+        ]
+        outcome = decide_group(members, self.normalization, status=decided.status)
+        owner = samples[0].coordinates
+        domain = str(samples[0].record["domain"])
+        signal = [i for i, s in enumerate(samples) if s.verdict.status not in NO_SIGNAL_STATUSES]
+        owner_state = self.state.partition((owner.topic, owner.partition))
+        owner_state.stats.add(domain, [outcome.rewards[i] for i in signal])
+        merged = RunningStats()
+        for part in self.state.partitions.values():
+            found = part.stats.domains.get(domain)
+            if found is not None:
+                merged = merged.merged(found)
+        for i, s in enumerate(samples):
+            verdict = s.verdict
+            if outcome.rewards[i] != verdict.reward or outcome.components[i] != dict(
+                verdict.reward_components
+            ):
+                verdict = dataclasses.replace(
+                    verdict, reward=outcome.rewards[i], reward_components=outcome.components[i]
+                )
+            has_signal = verdict.status not in NO_SIGNAL_STATUSES
+            self._outbox.append(
+                ScoredTrajectory(
+                    record=s.record,
+                    tokens=s.tokens,
+                    verdict=verdict,
+                    bucket=s.bucket,
+                    advantage=outcome.advantages[i],
+                    domain_reward=standardize(
+                        outcome.rewards[i], merged, warmup=self.state.warmup, epsilon=1e-6
+                    )
+                    if has_signal
+                    else 0.0,
+                    group_status=outcome.status,
+                )
+            )
+            self._outbox_coords.append(s.coordinates)
+            self._outbox_bytes += s.nbytes
+            self._pending.discard(s.coordinates)
+        if self._outbox_since is None:
+            self._outbox_since = now
+
+    def _maybe_commit(self, now: float, *, caught_up: bool = False) -> int:
+        if not self._outbox:
+            return 0
+        wait = self.idle_commit_s if caught_up else self.commit_interval_s
+        aged = self._outbox_since is not None and now - self._outbox_since >= wait
+        if aged or self._outbox_bytes >= self.commit_bytes:
+            return self._commit()
+        return 0
+
+    def _next_states(self) -> dict[TopicPartition, PartitionState]:
+        """The state of every partition consumed since start, as it will be once the outbox is committed.
+
+        Only those: a partition this worker never consumed may belong to another worker, whose
+        newer state a stale copy in our commit would shadow.
+        """
+        lowest: dict[TopicPartition, int] = {}
+        for c in self._pending:
+            tp = (c.topic, c.partition)
+            lowest[tp] = min(lowest.get(tp, c.offset), c.offset)
+        written: dict[TopicPartition, set[int]] = {}
+        for c in self._outbox_coords:
+            written.setdefault((c.topic, c.partition), set()).add(c.offset)
+        for tp in (*self._seen, *written):
+            self.state.partition(tp)
+        out = {}
+        for tp in {*self._seen, *written}:
+            current = self.state.partitions[tp]
+            undecided = min(lowest.get(tp, 2**62), self._seen.get(tp, current.next - 1) + 1)
+            nxt = max(current.next, undecided)
+            holes = {o for o in current.holes | written.get(tp, set()) if o >= nxt}
+            out[tp] = PartitionState(nxt, holes, current.stats)
+        return out
+
+    def _commit(self) -> int:
+        if not self._outbox:
+            return 0
+        rows, coords = self._outbox, self._outbox_coords
+        states = self._next_states()
+        data = trajectories_table(rows, coords, datetime.now(UTC), self.sink.profile_id)
+        candidate = SinkState(
+            self.state.app_id, self.state.decay, self.state.warmup, states, dict(self.state.topic_ids)
         )
+        metadata = candidate.metadata(self.sink.profile_id)
+
+        def write() -> int:
+            return self.sink.table.commit(
+                data, candidate.versions(), metadata, expected_version=self.state.last_version
+            )
+
+        version = self._retrying("trajectories", write)
+        self.state.partitions.update(states)
+        self.state.last_version = version
+        self._outbox, self._outbox_coords, self._outbox_bytes, self._outbox_since = [], [], 0, None
+        return len(rows)
 
     def _retrying(self, what: str, write: Callable[[], int]) -> int:
         delay = self.retry_backoff_s

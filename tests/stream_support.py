@@ -76,6 +76,7 @@ def start_worker(
     *,
     ultra: str | None = None,
     write_retries: int | None = None,
+    extra: list[str] | None = None,
 ) -> subprocess.Popen:
     """`rollstream process` as a subprocess; its state (Faust's data dir) lands beside the log."""
     args = [
@@ -86,6 +87,7 @@ def start_worker(
         args.append("--no-ultra")
     if write_retries is not None:
         args += ["--write-retries", str(write_retries)]
+    args += extra or []
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

@@ -216,12 +216,7 @@ def test_stage_replay_is_skipped(tmp_path, records):
         again.dead_letters_written,
         again.rows_skipped,
         again.dead_letters_skipped,
-    ) == (
-        0,
-        0,
-        40,
-        1,
-    )
+    ) == (0, 0, 41, 0)  # decided offsets are skipped before they are judged
 
 
 def test_table_uri_joins_local_paths_and_object_store_uris(tmp_path):

@@ -160,7 +160,7 @@ def test_batch_processor_scores_buckets_and_dead_letters():
     assert [r.length for r in out.rows] == [5, 602, 5]
     assert out.rows[0].advantage > 0 > out.rows[1].advantage
     assert out.rows[2].advantage == 0.0
-    assert [r.domain_reward for r in out.rows] == [1.0, 0.0, 0.0]
+    assert [r.domain_reward for r in out.rows] == [0.0, 0.0, 0.0]  # process() keeps no domain statistics
     letters = {d.coordinates.offset: d for d in out.dead_letters}
     assert letters[13].error_type == "DecodeError" and letters[13].raw == b"junk"
     assert letters[14].error_type == "UnknownTaskTypeError" and "poetry" in letters[14].reason

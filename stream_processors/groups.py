@@ -1,0 +1,156 @@
+"""Prompt groups waiting for their samples, across batches and across rollouts.raw and rollouts.ultra.
+
+A group is decided when all `group_size` samples are in (complete), or by the timeout rule:
+  1. event time: the newest `created_at` the worker has seen is more than `event_timeout_s` past
+     the group's oldest sample (deterministic on a replay of the same interleaving); or
+  2. wall clock: the group has waited `wall_timeout_s` in this process since its first sample
+     arrived (a backstop for a quiet stream, where no newer event time comes).
+Either way the group is released as "timed_out" with the samples it has. Samples are keyed by
+(group_id, sample_index). A second sample with an index already pending is released at once on
+its own as "duplicate", and a sample of a group decided recently (`remember` ids are kept) as
+"late": both become rows with advantage 0, never dead letters, so that whether a message is a row
+or a dead letter stays a function of its bytes (a replay may see them in another order).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream_processors.offsets import Coordinates, TopicPartition
+from stream_processors.validation import TokenArrays
+from stream_processors.verifiers.base import Verdict
+
+
+@dataclass(slots=True)
+class Sample:
+    """A judged trajectory waiting for the rest of its group."""
+
+    coordinates: Coordinates
+    record: dict[str, Any]
+    tokens: TokenArrays
+    verdict: Verdict
+    bucket: str
+    nbytes: int
+
+    @property
+    def created_ms(self) -> int:
+        """created_at in epoch milliseconds."""
+        created = self.record["created_at"]
+        return int(created.timestamp() * 1000) if hasattr(created, "timestamp") else int(created)
+
+
+@dataclass(slots=True)
+class PendingGroup:
+    """Samples of one group so far."""
+
+    group_id: str
+    group_size: int
+    first_wall: float
+    samples: dict[int, Sample] = field(default_factory=dict)
+    oldest_ms: int = 2**62
+
+    @property
+    def complete(self) -> bool:
+        """All `group_size` samples are in."""
+        return len(self.samples) >= self.group_size
+
+
+@dataclass(frozen=True, slots=True)
+class DecidedGroup:
+    """A group released to be written: samples in sample_index order, and why it was released.
+
+    status: "complete", "timed_out", "duplicate" or "late" (see the module docstring).
+    """
+
+    group_id: str
+    samples: list[Sample]
+    status: str
+
+
+class GroupBuffer:
+    """Pending groups in arrival order, with the timeout rule above.
+
+    Args:
+        event_timeout_s: event-time timeout (rule 1).
+        wall_timeout_s: wall-clock timeout (rule 2).
+        remember: how many decided group ids are kept to refuse late duplicates.
+    """
+
+    def __init__(
+        self, *, event_timeout_s: float = 300.0, wall_timeout_s: float = 30.0, remember: int = 100_000
+    ):
+        if event_timeout_s <= 0 or wall_timeout_s <= 0:
+            raise ValueError(
+                f"group timeouts must be > 0, got event_timeout_s={event_timeout_s}, wall_timeout_s={wall_timeout_s}"
+            )
+        self.event_timeout_ms = int(event_timeout_s * 1000)
+        self.wall_timeout_s = wall_timeout_s
+        self.remember = remember
+        self._pending: OrderedDict[str, PendingGroup] = OrderedDict()
+        self._decided: OrderedDict[str, None] = OrderedDict()
+        self._watermark_ms = -(2**62)
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def samples(self) -> Iterator[Sample]:
+        """Every pending sample."""
+        for group in self._pending.values():
+            yield from group.samples.values()
+
+    def add(self, sample: Sample, now: float | None = None) -> DecidedGroup | None:
+        """Buffer a sample; returns a group when this sample decided one (its own, or itself alone)."""
+        record = sample.record
+        group_id, index = str(record["group_id"]), int(record["sample_index"])
+        if group_id in self._decided:
+            return DecidedGroup(group_id, [sample], "late")
+        group = self._pending.get(group_id)
+        if group is None:
+            group = PendingGroup(
+                group_id, int(record["group_size"]), time.monotonic() if now is None else now
+            )
+            self._pending[group_id] = group
+        elif index in group.samples:
+            return DecidedGroup(group_id, [sample], "duplicate")
+        group.samples[index] = sample
+        group.oldest_ms = min(group.oldest_ms, sample.created_ms)
+        self._watermark_ms = max(self._watermark_ms, sample.created_ms)
+        self.nbytes += sample.nbytes
+        return self._release(group_id, "complete") if group.complete else None
+
+    def expire(self, now: float | None = None) -> list[DecidedGroup]:
+        """Release the groups the timeout rule decides (oldest first)."""
+        now = time.monotonic() if now is None else now
+        due = [
+            gid
+            for gid, g in self._pending.items()
+            if self._watermark_ms - g.oldest_ms > self.event_timeout_ms
+            or now - g.first_wall >= self.wall_timeout_s
+        ]
+        return [self._release(gid, "timed_out") for gid in due]
+
+    def drop(self, partitions: Iterable[TopicPartition]) -> int:
+        """Forget every pending group with a sample from `partitions` (revoked); returns how many."""
+        gone = set(partitions)
+        doomed = [
+            gid
+            for gid, g in self._pending.items()
+            if any((s.coordinates.topic, s.coordinates.partition) in gone for s in g.samples.values())
+        ]
+        for gid in doomed:
+            group = self._pending.pop(gid)
+            self.nbytes -= sum(s.nbytes for s in group.samples.values())
+        return len(doomed)
+
+    def _release(self, group_id: str, status: str) -> DecidedGroup:
+        group = self._pending.pop(group_id)
+        self.nbytes -= sum(s.nbytes for s in group.samples.values())
+        self._decided[group_id] = None
+        while len(self._decided) > self.remember:
+            self._decided.popitem(last=False)
+        return DecidedGroup(group_id, [group.samples[i] for i in sorted(group.samples)], status)

@@ -1,0 +1,242 @@
+"""The stream stage's state, kept where the offsets are: in the trajectories table's Delta commits.
+
+Per source (topic, partition): `next`, the lowest offset not yet decided (every offset below it is
+a row in the table or a dead letter in its table); `holes`, the offsets at or above `next` already
+written as rows (their groups were decided before an older group of the partition); and the
+running statistics of the domains whose groups this partition owns (a group is owned by the
+partition of its lowest sample_index, so a group spanning rollouts.raw and rollouts.ultra counts
+once). Pending groups themselves are not stored: every sample of a pending group sits at or above
+its partition's `next` and outside its holes, so the replay from `next` rebuilds them.
+
+Every commit of rows carries the state of every partition the worker consumed since it started
+(never a partition another worker may own), as custom commit metadata (key STATE_KEY) written atomically with the rows and the txn versions (`next - 1`), and
+the topics' ids, so a recreated topic is recognised. `load` reads the newest state per partition
+back from the table's history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltalake import DeltaTable
+
+from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
+from stream_processors.domain_stats import DomainStats, RunningStats, merge
+from stream_processors.offsets import Coordinates, TopicPartition, TxnTable
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "rollstream.state"
+STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """What one source partition has decided (see the module docstring)."""
+
+    next: int = 0
+    holes: set[int] = field(default_factory=set)
+    stats: DomainStats = field(default_factory=DomainStats)
+
+    def done(self, offset: int) -> bool:
+        """True when the message at `offset` is already a row or a dead letter."""
+        return offset < self.next or offset in self.holes
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stored form."""
+        return {"next": self.next, "holes": sorted(self.holes), "domains": self.stats.state_dict()}
+
+
+def _key(tp: TopicPartition) -> str:
+    return json.dumps([tp[0], tp[1]], separators=(",", ":"))
+
+
+def _tp(key: str) -> TopicPartition:
+    topic, partition = json.loads(key)
+    return str(topic), int(partition)
+
+
+@dataclass(slots=True)
+class SinkState:
+    """Every held partition's state, the topics' ids, and the table version of our last commit.
+
+    Args:
+        app_id: the pipeline's identity (as in the txn app ids).
+        decay, warmup: the domain statistics' settings (domain_stats.DomainStats).
+    """
+
+    app_id: str
+    decay: float = 1.0
+    warmup: int = 32
+    partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
+    topic_ids: dict[str, str] = field(default_factory=dict)
+    last_version: int | None = None
+
+    def partition(self, tp: TopicPartition) -> PartitionState:
+        """The state of `tp`, empty when nothing was stored."""
+        state = self.partitions.get(tp)
+        if state is None:
+            state = self.partitions[tp] = PartitionState(stats=self._stats())
+        return state
+
+    def _stats(self) -> DomainStats:
+        return DomainStats(decay=self.decay, warmup=self.warmup)
+
+    def done(self, c: Coordinates) -> bool:
+        """True when the message at `c` is already decided (a replay skips it)."""
+        state = self.partitions.get((c.topic, c.partition))
+        return state is not None and state.done(c.offset)
+
+    def merged_stats(self) -> dict[str, RunningStats]:
+        """Per-domain statistics over every held partition."""
+        return merge(p.stats for p in self.partitions.values())
+
+    def metadata(self, profile_id: str) -> dict[str, str]:
+        """The custom commit metadata holding this state."""
+        body = {
+            "version": STATE_VERSION,
+            "app_id": self.app_id,
+            "profile_id": profile_id,
+            "topic_ids": dict(sorted(self.topic_ids.items())),
+            "partitions": {_key(tp): s.as_dict() for tp, s in sorted(self.partitions.items())},
+        }
+        return {STATE_KEY: json.dumps(body, separators=(",", ":")), "rollstream.profile_id": profile_id}
+
+    def versions(self) -> dict[TopicPartition, int]:
+        """The txn version per partition: the highest offset below which everything is decided."""
+        return {tp: s.next - 1 for tp, s in self.partitions.items()}
+
+    def drop(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget partitions (revoked): their state is reloaded from the table if they come back."""
+        for tp in tps:
+            self.partitions.pop(tp, None)
+
+    def load(self, table: TxnTable, wanted: Iterable[TopicPartition]) -> None:
+        """Read the newest stored state of each wanted partition (history, newest first).
+
+        A partition with no stored state but a txn version from an older rollstream (offsets only)
+        resumes after that version with empty statistics (migration); one with neither starts at 0.
+        """
+        missing = set(wanted) - set(self.partitions)
+        dt = table.refresh()
+        if not missing:
+            return
+        if dt is None:
+            for tp in missing:
+                self.partitions[tp] = PartitionState(stats=self._stats())
+            return
+        for entry in _history(dt):
+            body = _state_of(entry, self.app_id)
+            if body is None:
+                continue
+            if self.last_version is None:
+                self.last_version = int(entry["version"])
+            for topic, topic_id in body.get("topic_ids", {}).items():
+                self.topic_ids.setdefault(topic, topic_id)
+            for key, stored in body.get("partitions", {}).items():
+                tp = _tp(key)
+                if tp in missing:
+                    stats = self._stats()
+                    stats.load_state_dict(stored.get("domains", {}))
+                    self.partitions[tp] = PartitionState(
+                        int(stored["next"]), set(stored.get("holes", [])), stats
+                    )
+                    missing.discard(tp)
+            if not missing:
+                break
+        for tp in sorted(missing):
+            legacy = table.version_of(dt, *tp)
+            if legacy is not None:
+                log.info(
+                    "%s: no stored state for %s; resuming after the offset %d it stored",
+                    table.uri,
+                    tp,
+                    legacy,
+                )
+                self.partitions[tp] = PartitionState(legacy + 1, set(), self._stats())
+            else:
+                self.partitions[tp] = PartitionState(stats=self._stats())
+
+
+def _history(dt: DeltaTable) -> list[dict[str, Any]]:
+    return sorted(dt.history(), key=lambda e: -int(e.get("version", -1)))
+
+
+def _state_of(entry: Mapping[str, Any], app_id: str) -> dict[str, Any] | None:
+    raw = entry.get(STATE_KEY)
+    if not isinstance(raw, str):
+        return None
+    body = json.loads(raw)
+    return body if isinstance(body, dict) and body.get("app_id") == app_id else None
+
+
+def stored_partitions(table: TxnTable, app_id: str) -> dict[TopicPartition, PartitionState]:
+    """The newest stored state of every partition `app_id` ever wrote (for checks and reports)."""
+    state = SinkState(app_id)
+    dt = table.refresh()
+    if dt is None:
+        return {}
+    wanted: set[TopicPartition] = set()
+    for entry in _history(dt):
+        body = _state_of(entry, app_id)
+        if body is not None:
+            wanted.update(_tp(k) for k in body.get("partitions", {}))
+    state.load(table, wanted)
+    return state.partitions
+
+
+def stored_topic_ids(table: TxnTable, app_id: str) -> dict[str, str]:
+    """The topic ids of the newest stored state of `app_id` (empty when none is stored)."""
+    dt = table.refresh()
+    if dt is None:
+        return {}
+    for entry in _history(dt):
+        body = _state_of(entry, app_id)
+        if body is not None:
+            return {str(k): str(v) for k, v in body.get("topic_ids", {}).items()}
+    return {}
+
+
+def reset_topic(
+    table: TxnTable,
+    dead_letters: TxnTable,
+    *,
+    topic: str,
+    partitions: int,
+    topic_id: str,
+    profile_id: str,
+) -> int:
+    """Start `topic` afresh for this app id (after it was recreated): offsets 0, the new topic id.
+
+    Writes one commit without rows to each table: the trajectories table's state with the topic's
+    partitions at next 0 and no holes (domain statistics kept), txn versions -1 in both. Returns
+    the trajectories table's new version.
+    """
+    state = SinkState(table.app_id)
+    dt = table.refresh()
+    if dt is not None:
+        for entry in _history(dt):
+            body = _state_of(entry, table.app_id)
+            if body is not None:
+                state.topic_ids = {str(k): str(v) for k, v in body.get("topic_ids", {}).items()}
+                for key, stored in body.get("partitions", {}).items():
+                    stats = DomainStats()
+                    stats.load_state_dict(stored.get("domains", {}))
+                    state.partitions[_tp(key)] = PartitionState(
+                        int(stored["next"]), set(stored.get("holes", [])), stats
+                    )
+                break
+    for p in range(partitions):
+        stats = state.partitions.get((topic, p), PartitionState()).stats
+        state.partitions[(topic, p)] = PartitionState(0, set(), stats)
+    state.topic_ids[topic] = topic_id
+    versions = {(topic, p): -1 for p in range(partitions)}
+    version = table.commit(
+        TRAJECTORIES_SCHEMA.empty_table(), versions, state.metadata(profile_id), expected_version=None
+    )
+    dead_letters.commit(DEAD_LETTERS_SCHEMA.empty_table(), versions, {}, expected_version=None)
+    return version
