@@ -19,3 +19,7 @@ class DecodeError(RollstreamError):
 
 class UnknownSchemaError(DecodeError):
     """The message names a writer schema fingerprint this codec does not know."""
+
+
+class DomainRegistryError(RollstreamError):
+    """The domain registry is missing or malformed, or a domain is not in it."""
