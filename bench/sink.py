@@ -26,12 +26,15 @@ from deltalake import WriterProperties, write_deltalake
 
 from producers import SyntheticFleet
 from schemas import TrajectoryCodec
+from schemas.profile import load_profile
 from stream_processors.delta_sink import DeltaSink, trajectories_table
 from stream_processors.offsets import Coordinates
 from stream_processors.processing import BatchProcessor, SourceMessage
 
 TOPIC = "rollouts.raw"
 PARTITIONS = 4
+
+PROFILE_ID = load_profile().id
 
 
 def _count(uri: Path, what: str, expected: int) -> None:
@@ -72,9 +75,9 @@ def main() -> None:
     if letters := [letter for p in processed for letter in p.dead_letters]:
         raise SystemExit(f"{len(letters)} fleet records dead-lettered, e.g.: {letters[0].reason}")
     now = datetime.now(UTC)
-    tables = [trajectories_table(p.rows, p.coordinates, now) for p in processed]
+    tables = [trajectories_table(p.rows, p.coordinates, now, PROFILE_ID) for p in processed]
     start = time.perf_counter()
-    tables = [trajectories_table(p.rows, p.coordinates, now) for p in processed]
+    tables = [trajectories_table(p.rows, p.coordinates, now, PROFILE_ID) for p in processed]
     build_s = time.perf_counter() - start
     del processed
     properties = WriterProperties(compression="ZSTD")

@@ -23,3 +23,7 @@ class UnknownSchemaError(DecodeError):
 
 class DomainRegistryError(RollstreamError):
     """The domain registry is missing or malformed, or a domain is not in it."""
+
+
+class ProfileError(RollstreamError):
+    """An inference workload profile or trace is missing, malformed or inconsistent."""

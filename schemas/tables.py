@@ -1,5 +1,9 @@
 """The Delta tables' Arrow schemas: the contract between the stream stage that writes them and
 the learners and analysts that read them. Token sequences are ordinary list columns here.
+
+trajectories: `bucket` is a bucket name of the inference workload profile whose id is
+`profile_id` (schemas/profile.py); `group_status` says how the row's advantage was decided;
+`verifier` and `verifier_version` name what scored `reward` (and its `reward_components`).
 """
 
 import pyarrow as pa
@@ -24,12 +28,16 @@ TRAJECTORIES_SCHEMA = pa.schema(
         ("created_at", TIMESTAMP),
         ("metadata", pa.map_(pa.string(), pa.string())),
         ("reward", pa.float64()),
+        ("reward_components", pa.map_(pa.string(), pa.float64())),
         ("verifier", pa.string()),
+        ("verifier_version", pa.string()),
         ("verifier_status", pa.string()),
         ("domain_reward", pa.float64()),
         ("advantage", pa.float64()),
+        ("group_status", pa.string()),
         ("length", pa.int32()),
-        ("bucket", pa.int32()),
+        ("bucket", pa.string()),
+        ("profile_id", pa.string()),
         ("ingested_at", TIMESTAMP),
         ("topic", pa.string()),
         ("partition", pa.int32()),

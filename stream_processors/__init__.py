@@ -2,7 +2,6 @@
 
 from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
 from stream_processors.app import create_app
-from stream_processors.bucketing import DEFAULT_EDGES, OVERFLOW_BUCKET, bucket_for, buckets_for
 from stream_processors.dead_letters import DeadLetter, DeadLetters
 from stream_processors.delta_sink import DeltaSink
 from stream_processors.offsets import Coordinates, table_uri, txn_app_id
@@ -14,8 +13,6 @@ from stream_processors.worker import run_worker
 
 __all__ = [
     "DEAD_LETTERS_SCHEMA",
-    "DEFAULT_EDGES",
-    "OVERFLOW_BUCKET",
     "TRAJECTORIES_SCHEMA",
     "BatchProcessor",
     "BatchStats",
@@ -28,8 +25,6 @@ __all__ = [
     "SourceMessage",
     "Stage",
     "TokenArrays",
-    "bucket_for",
-    "buckets_for",
     "create_app",
     "run_worker",
     "table_uri",

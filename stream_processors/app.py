@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import faust
 
-from stream_processors.bucketing import DEFAULT_EDGES
+from schemas.profile import WorkloadProfile, load_profile
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
 from stream_processors.offsets import Coordinates, table_uri
@@ -87,7 +87,7 @@ def create_app(
     ultra_batch_size: int = 4,
     batch_within_s: float = 1.0,
     raw_partitions: int | None = None,
-    bucket_edges: Sequence[int] = DEFAULT_EDGES,
+    profile: WorkloadProfile | None = None,
     storage_options: Mapping[str, str] | None = None,
     producer_config: Mapping[str, Any] | None = None,
     verifiers: VerifierRegistry | None = None,
@@ -113,7 +113,7 @@ def create_app(
         batch_within_s: the longest a partial batch waits before it is written.
         raw_partitions: partitions of `raw_topic`; default read from broker metadata, which also
             checks that the topics exist (without it, a missing topic may be auto-created).
-        bucket_edges: length bucket edges.
+        profile: the inference workload profile that buckets rows; default the shipped one.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
         verifiers: task_type -> verifier; default `verifiers.default_registry()`.
@@ -142,9 +142,15 @@ def create_app(
         stream_wait_empty=True,
         **options,
     )
+    profile = profile if profile is not None else load_profile()
     stage = Stage(
-        BatchProcessor(verifiers=verifiers, bucket_edges=bucket_edges),
-        DeltaSink(table_uri(lake_dir, TRAJECTORIES_TABLE), app_id=app_id, storage_options=storage_options),
+        BatchProcessor(verifiers=verifiers, profile=profile),
+        DeltaSink(
+            table_uri(lake_dir, TRAJECTORIES_TABLE),
+            app_id=app_id,
+            storage_options=storage_options,
+            profile_id=profile.id,
+        ),
         DeadLetters(
             table_uri(lake_dir, DEAD_LETTERS_TABLE),
             bootstrap_servers=bootstrap_servers,

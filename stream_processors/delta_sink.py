@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from schemas.profile import load_profile
 from schemas.tables import TIMESTAMP, TRAJECTORIES_SCHEMA
 from stream_processors.exceptions import SinkError
 from stream_processors.offsets import Coordinates, TxnTable
@@ -37,7 +38,10 @@ def list_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.DataTy
 
 
 def trajectories_table(
-    rows: Sequence[ScoredTrajectory], coordinates: Sequence[Coordinates], ingested_at: datetime
+    rows: Sequence[ScoredTrajectory],
+    coordinates: Sequence[Coordinates],
+    ingested_at: datetime,
+    profile_id: str,
 ) -> pa.Table:
     """Build the Arrow table of `rows`, in TRAJECTORIES_SCHEMA's column order."""
     records = [r.record for r in rows]
@@ -64,12 +68,18 @@ def trajectories_table(
             [list((rec.get("metadata") or {}).items()) for rec in records], pa.map_(pa.string(), pa.string())
         ),
         "reward": pa.array([r.verdict.reward for r in rows], pa.float64()),
+        "reward_components": pa.array(
+            [list(r.verdict.reward_components.items()) for r in rows], pa.map_(pa.string(), pa.float64())
+        ),
         "verifier": pa.array([r.verdict.verifier for r in rows], pa.string()),
+        "verifier_version": pa.array([r.verdict.verifier_version for r in rows], pa.string()),
         "verifier_status": pa.array([r.verdict.status for r in rows], pa.string()),
         "domain_reward": pa.array([r.domain_reward for r in rows], pa.float64()),
         "advantage": pa.array([r.advantage for r in rows], pa.float64()),
+        "group_status": pa.array([r.group_status for r in rows], pa.string()),
         "length": pa.array([r.length for r in rows], pa.int32()),
-        "bucket": pa.array([r.bucket for r in rows], pa.int32()),
+        "bucket": pa.array([r.bucket for r in rows], pa.string()),
+        "profile_id": pa.array([profile_id] * len(rows), pa.string()),
         "ingested_at": pa.array([ingested_at] * len(rows), TIMESTAMP),
         "topic": pa.array([c.topic for c in coordinates], pa.string()),
         "partition": pa.array([c.partition for c in coordinates], pa.int32()),
@@ -85,6 +95,8 @@ class DeltaSink:
         table_uri: where the table lives (created on the first write).
         app_id: names the txn versions that hold the written offsets; keep it stable.
         storage_options: passed through to deltalake for object stores.
+        profile_id: the id of the workload profile whose bucket names the rows carry; default
+            the shipped profile's.
     """
 
     def __init__(
@@ -93,7 +105,9 @@ class DeltaSink:
         *,
         app_id: str = "rollstream-processor",
         storage_options: Mapping[str, str] | None = None,
+        profile_id: str | None = None,
     ) -> None:
+        self.profile_id = profile_id if profile_id is not None else load_profile().id
         self.table = TxnTable(
             str(table_uri), app_id=app_id, partition_by=["bucket"], storage_options=storage_options
         )
@@ -116,5 +130,7 @@ class DeltaSink:
         now = datetime.now(UTC)
         return self.table.append(
             coordinates,
-            lambda keep: trajectories_table([rows[i] for i in keep], [coordinates[i] for i in keep], now),
+            lambda keep: trajectories_table(
+                [rows[i] for i in keep], [coordinates[i] for i in keep], now, self.profile_id
+            ),
         )

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import DecodeError, TrajectoryCodec
+from schemas.profile import WorkloadProfile, load_profile
 from stream_processors.advantages import domain_rewards, group_advantages
-from stream_processors.bucketing import DEFAULT_EDGES, buckets_for, check_edges
 from stream_processors.dead_letters import DeadLetter
 from stream_processors.exceptions import InvalidRecordError
 from stream_processors.offsets import Coordinates
@@ -51,7 +51,7 @@ class BatchProcessor:
     Args:
         codec: the Avro codec; default the shipped schema (plus its history).
         verifiers: task_type -> verifier; default `default_registry()`.
-        bucket_edges: length bucket edges (bucketing.py).
+        profile: the inference workload profile that names each row's bucket; default the shipped one.
     """
 
     def __init__(
@@ -59,11 +59,11 @@ class BatchProcessor:
         *,
         codec: TrajectoryCodec | None = None,
         verifiers: VerifierRegistry | None = None,
-        bucket_edges: Sequence[int] = DEFAULT_EDGES,
+        profile: WorkloadProfile | None = None,
     ) -> None:
         self.codec = codec or TrajectoryCodec()
         self.verifiers = verifiers if verifiers is not None else default_registry()
-        self.bucket_edges = check_edges(bucket_edges)
+        self.profile = profile if profile is not None else load_profile()
 
     def process(self, messages: Sequence[SourceMessage]) -> ProcessedBatch:
         """Turn a batch into rows and dead letters; never raises for bad input."""
@@ -84,14 +84,14 @@ class BatchProcessor:
             [record["group_id"] for _, record, _, _ in judged], rewards, [v.status for _, _, _, v in judged]
         )
         normalized = domain_rewards(rewards)
-        buckets = buckets_for([tokens.length for _, _, tokens, _ in judged], self.bucket_edges)
+        buckets = self.profile.bucket_names([tokens.length for _, _, tokens, _ in judged])
         for i, (coordinates, record, tokens, verdict) in enumerate(judged):
             out.rows.append(
                 ScoredTrajectory(
                     record=record,
                     tokens=tokens,
                     verdict=verdict,
-                    bucket=int(buckets[i]),
+                    bucket=buckets[i],
                     advantage=float(advantages[i]),
                     domain_reward=float(normalized[i]),
                 )

@@ -17,17 +17,19 @@ class ScoredTrajectory:
         record: the decoded Avro record (`schemas.TrajectoryRecord` shape).
         tokens: its packed sequences as numpy views.
         verdict: the verifier's judgement.
-        bucket: upper edge of its length bucket.
+        bucket: the name of its length bucket in the active workload profile.
         advantage: reward normalized within its group (see advantages.py).
         domain_reward: reward normalized within its domain (for now the reward itself).
+        group_status: how the advantage was decided ("batch": within the batch only, for now).
     """
 
     record: dict[str, Any]
     tokens: TokenArrays
     verdict: Verdict
-    bucket: int
+    bucket: str
     advantage: float
     domain_reward: float
+    group_status: str = "batch"
 
     @property
     def length(self) -> int:

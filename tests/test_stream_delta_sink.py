@@ -70,7 +70,7 @@ def test_sink_writes_the_exact_schema_and_polars_reads_lists_back(tmp_path, reco
     assert df.columns == TRAJECTORIES_SCHEMA.names
     assert df.schema["prompt_tokens"] == pl.List(pl.Int32)
     assert df.schema["response_logprobs"] == pl.List(pl.Float32)
-    assert df.schema["bucket"] == pl.Int32
+    assert df.schema["bucket"] == pl.String
     assert df.schema["created_at"] == pl.Datetime("us", "UTC")
     by_id = {row["trajectory_id"]: row for row in df.iter_rows(named=True)}
     for record, coords in zip(records, batch.coordinates, strict=True):
@@ -123,7 +123,9 @@ def test_a_concurrent_writer_of_the_same_offsets_loses_and_writes_nothing(tmp_pa
     def build_after_the_winner_committed(keep):
         # The loser read the stored offsets already; the winner commits the same offsets now.
         assert winner.write(rows, coords) == len(rows)
-        return trajectories_table([rows[i] for i in keep], [coords[i] for i in keep], datetime.now(UTC))
+        return trajectories_table(
+            [rows[i] for i in keep], [coords[i] for i in keep], datetime.now(UTC), "test-profile"
+        )
 
     assert loser.table.append(coords, build_after_the_winner_committed) == 0
     assert "concurrent commit" in caplog.text  # delta-rs refused the loser's txn, it reloaded and filtered

