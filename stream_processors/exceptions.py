@@ -41,6 +41,14 @@ class UnknownTaskTypeError(InvalidRecordError):
     """No verifier is registered for the record's task_type."""
 
 
+class UnknownDomainError(InvalidRecordError):
+    """The record's domain is not in the domain registry (or names a verifier that does not exist)."""
+
+
+class TransientScoringError(StreamProcessorError):
+    """Scoring kept failing for the host's reasons after retries: the worker stops without acking."""
+
+
 class VerifierInputError(InvalidRecordError):
     """The record lacks what its verifier needs (expected_answer, gold_fields, precomputed_reward)."""
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
 from stream_processors.exceptions import SinkError
+from stream_processors.executions import ExecutionLog
 from stream_processors.processing import BatchProcessor, SourceMessage
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class BatchStats:
     dead_letters_skipped: int
     seconds: float
     process_seconds: float = 0.0
+    executions_written: int = 0
 
 
 class Stage:
@@ -60,7 +62,9 @@ class Stage:
     Steps of `run`:
       1. decode, validate, verify, bucket, normalize (BatchProcessor);
       2. append the rows to the trajectories table with their offsets (one commit);
-      3. send the dead letters to the topic, then append them to the dead_letters table.
+      3. append the sandbox executions to the executions table (one commit, same mechanism);
+      4. send the dead letters to the topic, then append them to the dead_letters table.
+    A host failure while judging (TransientScoringError) propagates: the worker stops unacked.
     A failing write is retried with backoff (`write_retries` times); replayed offsets are
     skipped by the sinks, so a retry never duplicates.
     """
@@ -71,12 +75,14 @@ class Stage:
         sink: DeltaSink,
         dead_letters: DeadLetters,
         *,
+        executions: ExecutionLog | None = None,
         write_retries: int = 5,
         retry_backoff_s: float = 0.5,
     ) -> None:
         self.processor = processor
         self.sink = sink
         self.dead_letters = dead_letters
+        self.executions = executions
         self.write_retries = write_retries
         self.retry_backoff_s = retry_backoff_s
 
@@ -86,6 +92,12 @@ class Stage:
         batch = self.processor.process(messages)
         processed = time.perf_counter()
         rows = self._retrying("trajectories", lambda: self.sink.write(batch.rows, batch.coordinates))
+        executions = 0
+        if self.executions is not None:
+            log_ = self.executions
+            executions = self._retrying(
+                "executions", lambda: log_.write(batch.executions, batch.execution_coordinates)
+            )
         letters = self._retrying("dead_letters", lambda: self.dead_letters.write(batch.dead_letters))
         return BatchStats(
             records_in=len(messages),
@@ -95,6 +107,7 @@ class Stage:
             dead_letters_skipped=len(batch.dead_letters) - letters,
             seconds=time.perf_counter() - start,
             process_seconds=processed - start,
+            executions_written=executions,
         )
 
     def _retrying(self, what: str, write: Callable[[], int]) -> int:

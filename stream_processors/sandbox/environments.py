@@ -66,7 +66,9 @@ class EnvironmentStore:
         try:
             for source in sources:
                 if source.is_dir():
-                    shutil.copytree(source, staging / source.name if sources[1:] else staging, dirs_exist_ok=True)
+                    shutil.copytree(
+                        source, staging / source.name if sources[1:] else staging, dirs_exist_ok=True
+                    )
                 else:
                     shutil.copy2(source, staging / source.name)
             env_id = content_id(staging)

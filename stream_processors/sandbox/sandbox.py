@@ -250,7 +250,7 @@ class Sandbox:
                 stderr=subprocess.PIPE,
                 pass_fds=(status_write,),
                 start_new_session=True,
-                preexec_fn=preexec,  # noqa: PLW1509 (threads: only os calls inside)
+                preexec_fn=preexec,
                 close_fds=True,
             )
         except OSError as exc:
@@ -363,7 +363,7 @@ class Sandbox:
             raise SandboxHostError(
                 "the kernel's OOM killer ended an execution (host short of memory); retry later"
             )
-        elif cgroup.limit_hits() > 0 and not (code == 0):
+        elif cgroup.limit_hits() > 0:
             outcome = "process_limit"
         elif code not in (0, None) and "MemoryError" in err.text()[-2000:]:
             outcome = "memory_limit"

@@ -9,7 +9,7 @@ from typing import Any
 
 from stream_processors.exceptions import VerifierInputError
 from stream_processors.sandbox import Environment, Execution, Limits, Sandbox
-from stream_processors.verifiers.base import Verdict, Verifier
+from stream_processors.verifiers.base import Verdict, VerdictStatus, Verifier
 from stream_processors.verifiers.harness import HARNESS_SOURCE
 
 
@@ -95,10 +95,12 @@ class CodeTestsVerifier(Verifier):
             limit = f"memory limit of {self.limits.memory_bytes >> 20} MiB reached (MemoryError)"
         counts = {k: float(report.get(k, 0)) for k in ("passed", "failed", "errored")} if report else {}
         if limit is not None:
-            status = "timeout" if execution.outcome in ("timeout", "cpu_limit") else "error"
+            status: VerdictStatus = "timeout" if execution.outcome in ("timeout", "cpu_limit") else "error"
             return self.verdict(0.0, status, limit, counts, executions)
         if report is None:
-            where = f"exit {execution.exit_code}" if execution.signal is None else f"signal {execution.signal}"
+            where = (
+                f"exit {execution.exit_code}" if execution.signal is None else f"signal {execution.signal}"
+            )
             return self.verdict(
                 0.0,
                 "error",
@@ -110,5 +112,9 @@ class CodeTestsVerifier(Verifier):
         if total == 0:
             return self.verdict(0.0, "error", "no test ran", counts, executions)
         rate = counts["passed"] / total
-        detail = None if rate == 1.0 else f"{counts['passed']:g}/{total:g} tests passed; {report.get('first_error', '')}"
+        detail = (
+            None
+            if rate == 1.0
+            else f"{counts['passed']:g}/{total:g} tests passed; {report.get('first_error', '')}"
+        )
         return self.verdict(rate, "ok" if rate == 1.0 else "fail", detail, counts, executions)

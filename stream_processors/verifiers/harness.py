@@ -6,7 +6,7 @@ It reads a nonce from stdin, executes /task/solution.py, then each ``test*`` fun
 code running in the same interpreter can subvert an in-process harness (docs/sandbox.md).
 """
 
-HARNESS_SOURCE = r'''
+HARNESS_SOURCE = r"""
 import ast, json, sys
 
 def _main():
@@ -63,4 +63,4 @@ def _main():
     sys.stdout.flush()
 
 _main()
-'''
+"""

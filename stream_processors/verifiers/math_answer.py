@@ -56,7 +56,11 @@ def clean_latex(answer: str) -> str:
 
 def as_number(text: str) -> Fraction | None:
     """An exact number from '0.5', '1,234', '3/4', '((1)/(2))', '-((3)/(4))', '50%', '12 cm', or None."""
-    t = text.replace("(", "").replace(")", "").replace(" ", "") if re.fullmatch(r"[-+()\d./ ]+", text) else text
+    t = (
+        text.replace("(", "").replace(")", "").replace(" ", "")
+        if re.fullmatch(r"[-+()\d./ ]+", text)
+        else text
+    )
     if (value := parse_number(t)) is not None:
         return value
     if m := re.fullmatch(r"([-+]?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)", t):
@@ -117,7 +121,9 @@ class MathVerifier(Verifier):
             return self.verdict(1.0, "ok", None, {"correct": 1.0})
         if result == "timeout":
             return self.verdict(0.0, "timeout", f"symbolic check exceeded {self.checker.timeout_s:g} s", {})
-        return self.verdict(0.0, "fail", f"{got[:80]!r} != expected {expected[:80]!r} ({how})", {"correct": 0.0})
+        return self.verdict(
+            0.0, "fail", f"{got[:80]!r} != expected {expected[:80]!r} ({how})", {"correct": 0.0}
+        )
 
     def compare(self, got: str, expected: str) -> tuple[str, str]:
         """("equal" | "different" | "timeout", which check decided)."""

@@ -18,7 +18,9 @@ _SCALES = {
     "billion": 10**9, "bn": 10**9, "b": 10**9, "trillion": 10**12, "tn": 10**12, "t": 10**12,
 }  # fmt: skip
 _CURRENCY_SYMBOLS = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY", "₹": "INR", "₩": "KRW", "₽": "RUB"}
-_CURRENCY_CODES = frozenset({"USD", "EUR", "GBP", "JPY", "CHF", "CNY", "INR", "CAD", "AUD", "KRW", "RUB", "BRL"})
+_CURRENCY_CODES = frozenset(
+    {"USD", "EUR", "GBP", "JPY", "CHF", "CNY", "INR", "CAD", "AUD", "KRW", "RUB", "BRL"}
+)
 # unit -> (dimension, factor to the dimension's base unit)
 _UNITS: dict[str, tuple[str, Fraction]] = {
     "mg": ("mass", Fraction(1, 1000)), "g": ("mass", Fraction(1)), "kg": ("mass", Fraction(1000)),

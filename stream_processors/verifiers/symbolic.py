@@ -15,7 +15,7 @@ import select
 import subprocess
 import sys
 import threading
-from typing import Literal
+from typing import Any, Literal
 
 SymbolicResult = Literal["equal", "different", "unparsable", "timeout"]
 NAMES = frozenset({"sqrt", "pi", "e", "i", "I", "oo", "log", "ln", "sin", "cos", "tan", "exp",
@@ -85,7 +85,7 @@ class SymbolicChecker:
         return self._proc
 
     def equal(self, a: str, b: str, tolerance: float = 1e-9) -> SymbolicResult:
-        """"equal", "different", "unparsable" (or not admissible), or "timeout"."""
+        """ "equal", "different", "unparsable" (or not admissible), or "timeout"."""
         if not (admissible(a) and admissible(b)):
             return "unparsable"
         with self._lock:
@@ -93,7 +93,7 @@ class SymbolicChecker:
             assert proc.stdin is not None and proc.stdout is not None
             # the first check also waits for sympy's import
             limit = self.timeout_s + (10.0 if not getattr(proc, "_warm", False) else 0.0)
-            ready: list[object] = []
+            ready: list[Any] = []
             try:
                 proc.stdin.write(json.dumps([a, b, tolerance]) + "\n")
                 proc.stdin.flush()

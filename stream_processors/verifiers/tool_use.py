@@ -14,13 +14,13 @@ from typing import Any
 
 from stream_processors.exceptions import VerifierInputError
 from stream_processors.sandbox import Environment, Limits, Sandbox
-from stream_processors.verifiers.base import Verdict, Verifier
+from stream_processors.verifiers.base import Verdict, VerdictStatus, Verifier
 from stream_processors.verifiers.code_tests import describe_limit, run_harness
 
 TOOLS = ("mkdir", "write_file", "append_file", "move", "delete")
 MAX_CALLS = 200
 
-REPLAY_SOURCE = r'''
+REPLAY_SOURCE = r"""
 import json, os, shutil
 ROOT = "/work"
 
@@ -56,7 +56,7 @@ for step in EPISODE:
         _call(step["tool"], step.get("args") or {})
     except Exception:
         TOOL_ERRORS += 1
-'''
+"""
 
 
 class ToolUseVerifier(Verifier):
@@ -105,11 +105,15 @@ class ToolUseVerifier(Verifier):
         counts["calls"] = float(len(episode))
         limit = describe_limit(execution)
         if limit is not None or report is None:
-            status = "timeout" if execution.outcome in ("timeout", "cpu_limit") else "error"
-            detail = limit or f"the harness reported no result: {execution.stderr[-300:]!r}"
-            return self.verdict(0.0, status, detail, counts, (execution,))
+            status: VerdictStatus = "timeout" if execution.outcome in ("timeout", "cpu_limit") else "error"
+            reason = limit or f"the harness reported no result: {execution.stderr[-300:]!r}"
+            return self.verdict(0.0, status, reason, counts, (execution,))
         total = counts["passed"] + counts["failed"] + counts["errored"]
         rate = counts["passed"] / total if total else 0.0
         status = "ok" if total and rate == 1.0 else "fail"
-        detail = None if status == "ok" else f"{counts['passed']:g}/{total:g} checks passed; {report.get('first_error', '')}"
+        detail = (
+            None
+            if status == "ok"
+            else f"{counts['passed']:g}/{total:g} checks passed; {report.get('first_error', '')}"
+        )
         return self.verdict(rate, status, detail, counts, (execution,))
