@@ -134,7 +134,10 @@ class MathVerifier(Verifier):
             return "equal", "text"
         na, nb = as_number(a), as_number(b)
         if na is not None and nb is not None:
-            same = na == nb or abs(na - nb) <= Fraction(self.tolerance) * max(abs(na), abs(nb))
+            # integers and fractions compare exactly; the tolerance is for written decimals
+            decimal = any(re.search(r"\d\.\d|\de", t) for t in (a, b))
+            close = abs(na - nb) <= Fraction(self.tolerance) * max(abs(na), abs(nb))
+            same = na == nb or (decimal and close)
             return ("equal" if same else "different"), "numeric"
         ta, tb = _split_tuple(a), _split_tuple(b)
         if ta is not None and tb is not None:
