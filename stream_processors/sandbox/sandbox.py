@@ -113,19 +113,26 @@ class _Usage:
 
 
 class _Capped:
-    """Keeps the first `cap` bytes of a stream and counts the rest."""
+    """Keeps the first and the last `cap` / 2 bytes of a stream and counts all of it."""
 
     def __init__(self, cap: int) -> None:
-        self.cap, self.kept, self.total = cap, bytearray(), 0
+        self.half = max(1, cap // 2)
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
-        room = self.cap - len(self.kept)
+        room = self.half - len(self.head)
         if room > 0:
-            self.kept += chunk[:room]
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk[-self.half :]
+            del self.tail[: -self.half]
 
     def text(self) -> str:
-        return self.kept.decode("utf-8", errors="replace")
+        omitted = self.total - len(self.head) - len(self.tail)
+        middle = f"\n[... {omitted} bytes omitted ...]\n".encode() if omitted else b""
+        return bytes(self.head + middle + self.tail).decode("utf-8", errors="replace")
 
 
 class Sandbox:
@@ -249,6 +256,8 @@ class Sandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=(status_write,),
+                env={},  # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1
+
                 start_new_session=True,
                 preexec_fn=preexec,
                 close_fds=True,
