@@ -18,7 +18,7 @@ from stream_processors.exceptions import VerifierInputError
 from stream_processors.verifiers.base import Verdict, Verifier
 from stream_processors.verifiers.exact_answer import final_answer
 from stream_processors.verifiers.normalize import parse_number, parse_quantity
-from stream_processors.verifiers.symbolic import SymbolicChecker
+from stream_processors.verifiers.symbolic import NAMES, SymbolicChecker
 
 _DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "^\\circ", "^{\\circ}", "°")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf|operatorname|mbox)\s*\{([^{}]*)\}")
@@ -48,7 +48,7 @@ def clean_latex(answer: str) -> str:
         text = _SQRT_N.sub(r"((\2)^(1/(\1)))", text)
         text = _SQRT.sub(r"sqrt(\1)", text)
     for latex, plain in _SYMBOLS.items():
-        text = text.replace(latex, plain)
+        text = text.replace(latex, f" {plain} " if plain.isalpha() else plain)
     text = text.replace("{", "(").replace("}", ")").replace("\\", "")
     text = _ASSIGN.sub("", text.strip())
     return re.sub(r"\s+", " ", text).strip()
@@ -67,7 +67,8 @@ def as_number(text: str) -> Fraction | None:
         denominator = Fraction(m[2])
         return Fraction(m[1]) / denominator if denominator else None
     m = _TRAILING_WORDS.match(text)
-    if m and text[len(m[1]) :].strip().lower() not in _SCALE_WORDS:
+    rest = text[len(m[1]) :].strip().lower() if m else ""
+    if m and rest not in _SCALE_WORDS and not set(rest.split()) & NAMES:
         return as_number(m[1]) if m[1] != text else None  # a trailing unit or percent sign
     quantity = parse_quantity(text)  # "$5", "1.2 million"
     return quantity.value if quantity is not None else None

@@ -116,7 +116,10 @@ def parse_quantity(text: str) -> Quantity | None:
     value = parse_number(match["num"])
     if value is None:
         return None
-    rest = match["rest"].strip().lower().rstrip(".")
+    raw_rest = match["rest"].strip().rstrip(".")
+    rest = raw_rest.lower()
+    if raw_rest in ("K", "M", "B", "MM", "Mn", "Bn"):  # capitals: thousands, millions, billions
+        return Quantity((-value if negative else value) * _SCALES[rest], kind)
     if rest in ("%", "percent", "pct", "per cent"):
         value, kind = value / 100, kind or "percent"
     elif rest in _SCALES and (rest not in _UNITS or kind is not None or rest in ("million", "billion")):
