@@ -31,14 +31,18 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--trajectories", type=int, default=120, help="code trajectories judged per mode")
     parser.add_argument("--pool", type=int, default=os.cpu_count() or 2, help="concurrent sandboxes")
     parser.add_argument("--starts", type=int, default=60, help="start-cost samples per kind")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    records = [r for r in SyntheticFleet(seed=7).trajectories(args.trajectories * 5) if r["task_type"] == "code"]
+    records = [
+        r for r in SyntheticFleet(seed=7).trajectories(args.trajectories * 5) if r["task_type"] == "code"
+    ]
     records = records[: args.trajectories]
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-score-") as work:
         sandbox = Sandbox(work, limits=Limits())

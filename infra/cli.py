@@ -71,11 +71,27 @@ def _produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verifiers(settings: Settings, versions: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    from schemas.domains import DomainRegistry
+    from stream_processors.sandbox import EnvironmentStore, Sandbox
+    from stream_processors.verifiers import DomainVerifiers
+
+    return DomainVerifiers(
+        DomainRegistry.load(settings.domain_registry or None),
+        sandbox=Sandbox(settings.sandbox_dir / "work"),
+        environments=EnvironmentStore(settings.sandbox_dir / "environments"),
+        unknown_domains=settings.unknown_domains,
+        versions=versions,
+    )
+
+
 def _process(args: argparse.Namespace) -> int:
     from stream_processors import create_app, run_worker
 
     settings = _settings(args)
     app = create_app(
+        verifiers=_verifiers(settings),
+        sandbox_pool_size=settings.sandbox_pool_size,
         bootstrap_servers=settings.bootstrap_servers,
         lake_dir=settings.lake_dir,
         raw_topic=settings.raw_topic,
@@ -89,6 +105,51 @@ def _process(args: argparse.Namespace) -> int:
         data_dir=settings.state_dir / "faust",
     )
     run_worker(app, loglevel=args.loglevel)
+    return 0
+
+
+def _domains(args: argparse.Namespace) -> int:
+    from schemas.domains import DomainRegistry
+
+    registry = DomainRegistry.load(_settings(args).domain_registry or None)
+    specs = [
+        spec
+        for name, spec in sorted(registry.items())
+        if not args.task_type or spec.task_type == args.task_type
+    ]
+    for spec in specs:
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "domain": spec.name,
+                        "task_type": spec.task_type,
+                        "verifier": spec.verifier,
+                        "options": dict(spec.options),
+                    }
+                )
+            )
+        else:
+            own = ", ".join(f"{k}={v}" for k, v in sorted(spec.options.items()))
+            print(f"{spec.name:32} {spec.task_type:12} {spec.verifier:12} {own}")
+    print(f"{len(specs)} domains ({registry.source})", file=sys.stderr)
+    return 0
+
+
+def _rescore(args: argparse.Namespace) -> int:
+    from stream_processors.rescore import rescore
+
+    settings = _settings(args)
+    summary = rescore(
+        lake_dir=settings.lake_dir,
+        domain=args.domain,
+        verifier_version=args.verifier_version,
+        table_version=args.table_version,
+        verifiers=_verifiers(settings),
+        bootstrap_servers=settings.bootstrap_servers,
+        progress=_progress,
+    )
+    print(json.dumps(summary))
     return 0
 
 
@@ -168,6 +229,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--batch-within", type=float, default=1.0, help="seconds to wait to fill a batch")
     p.add_argument("--loglevel", default="info")
+
+    p = command(
+        "domains", _domains, "list the domain registry: each domain's task type, verifier and options"
+    )
+    p.add_argument("--task-type", default=None, help="only this task type")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = command(
+        "rescore", _rescore, "judge stored trajectories with a verifier version; write the rescores table"
+    )
+    p.add_argument("--domain", required=True, help="the domain to rescore")
+    p.add_argument("--verifier-version", required=True, help="the verifier version to judge with")
+    p.add_argument(
+        "--table-version", type=int, default=None, help="the trajectories version (default latest)"
+    )
 
     p = command("learn", _learn, "run a few policy-gradient steps on the Delta table, tracked in MLflow")
     p.add_argument("--steps", type=int, default=20)

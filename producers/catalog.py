@@ -89,7 +89,7 @@ def build_catalog(num_domains: int = 320, registry: DomainRegistry | None = None
         )
     registry = registry if registry is not None else default_domains()
     for domain in domains:
-        spec = registry[domain.name] if domain.name in registry else None
+        spec = registry.get(domain.name)
         if spec is None or spec.task_type != domain.task_type:
             raise FleetConfigError(
                 f"domain {domain.name!r} ({domain.task_type}) is not in the domain registry "

@@ -143,6 +143,10 @@ class DomainRegistry(Mapping[str, DomainSpec]):
     def __contains__(self, name: object) -> bool:
         return name in self._domains
 
+    def get(self, name: str, default: DomainSpec | None = None) -> DomainSpec | None:  # type: ignore[override]
+        """The domain's entry, or `default` when it is not registered."""
+        return self._domains.get(name, default)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._domains)
 

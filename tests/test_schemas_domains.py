@@ -41,14 +41,20 @@ def test_malformed_registries_name_the_bad_entry(text, match):
 
 
 def test_an_unknown_domain_says_where_to_register_it():
-    with pytest.raises(DomainRegistryError, match="unknown domain 'math/zzz'.*register it"):
+    with pytest.raises(DomainRegistryError, match=r"unknown domain 'math/zzz'.*register it"):
         DomainRegistry.from_toml(TEXT)["math/zzz"]
 
 
 def test_the_shipped_registry_has_300_domains_and_every_fleet_domain():
     registry = default_domains()
     assert len(registry) >= 300
-    assert {spec.task_type for spec in registry.values()} >= {"math", "code", "extraction", "precomputed", "tool_use"}
+    assert {spec.task_type for spec in registry.values()} >= {
+        "math",
+        "code",
+        "extraction",
+        "precomputed",
+        "tool_use",
+    }
     for size in (4, 50, 120, 320):
         for domain in build_catalog(size):
             assert registry[domain.name].task_type == domain.task_type
@@ -66,4 +72,9 @@ def test_the_registry_does_not_need_the_stream_processors():
     import sys
 
     code = "import sys, schemas.domains as d; d.default_domains(); print('stream_processors' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )

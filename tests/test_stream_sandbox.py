@@ -86,7 +86,9 @@ def host_fixture(sandbox, monkeypatch):
 
 def verdict(sandbox: Sandbox, code: str, limits: Limits | None = None):
     verifier = CodeTestsVerifier(sandbox, limits=limits or sandbox.limits)
-    return verifier.verify({"trajectory_id": "t", "response_text": code, "unit_tests": "def test_it():\n    assert ok()\n"})
+    return verifier.verify(
+        {"trajectory_id": "t", "response_text": code, "unit_tests": "def test_it():\n    assert ok()\n"}
+    )
 
 
 OK = "\ndef ok():\n    return True\n"
@@ -119,7 +121,7 @@ def test_a_fork_bomb_is_an_error_naming_the_process_limit(sandbox, host):
 def test_a_connection_to_the_hosts_listener_fails(sandbox, host):
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {host.port}), timeout=2)\n" + OK
     v = verdict(sandbox, code)
-    assert v.status == "fail" and "ConnectionRefusedError" in v.detail or "OSError" in v.detail
+    assert (v.status == "fail" and "ConnectionRefusedError" in v.detail) or "OSError" in v.detail
 
 
 def test_writes_to_tmp_and_home_never_reach_the_host(sandbox, host):
@@ -152,7 +154,10 @@ def test_secrets_shadow_and_other_processes_are_invisible(sandbox, host):
 
 
 def test_killing_the_workers_pid_does_nothing(sandbox, host):
-    code = f"import os, signal\ntry:\n    os.kill({os.getpid()}, signal.SIGKILL)\nexcept OSError:\n    pass\n" + OK
+    code = (
+        f"import os, signal\ntry:\n    os.kill({os.getpid()}, signal.SIGKILL)\nexcept OSError:\n    pass\n"
+        + OK
+    )
     v = verdict(sandbox, code)
     assert v.status == "ok"  # and we are still alive to check it
 

@@ -34,7 +34,10 @@ def test_code_rows_carry_their_pass_rate_and_an_execution_each(sandbox):
     for row in out.rows:
         candidate = row.record["metadata"]["candidate"]
         candidates.add(candidate.split(":")[0])
-        assert row.verdict.reward == float(row.record["metadata"]["synthetic_score"]), (candidate, row.verdict)
+        assert row.verdict.reward == float(row.record["metadata"]["synthetic_score"]), (
+            candidate,
+            row.verdict,
+        )
         assert row.verdict.status == ("ok" if row.verdict.reward == 1.0 else "fail")
         assert row.verdict.verifier == "code_tests" and row.verdict.verifier_version == "1.0.0"
         assert set(row.verdict.reward_components) == {"passed", "failed", "errored"}

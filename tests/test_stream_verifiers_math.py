@@ -67,7 +67,9 @@ def test_math_answers(verifier, response, expected, equal):
 
 
 def test_a_hostile_expression_is_bounded_in_time(verifier):
-    verdict = verifier.verify({"trajectory_id": "t", "response_text": "\\boxed{9^9^9^9}", "expected_answer": "1"})
+    verdict = verifier.verify(
+        {"trajectory_id": "t", "response_text": "\\boxed{9^9^9^9}", "expected_answer": "1"}
+    )
     assert verdict.status == "timeout" and verdict.reward == 0.0
     # the checker recovers: the next check gets a fresh helper
     assert verifier.compare("2\\sqrt{2}", "\\sqrt{8}")[0] == "equal"

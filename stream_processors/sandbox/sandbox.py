@@ -257,7 +257,6 @@ class Sandbox:
                 stderr=subprocess.PIPE,
                 pass_fds=(status_write,),
                 env={},  # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1
-
                 start_new_session=True,
                 preexec_fn=preexec,
                 close_fds=True,
