@@ -76,6 +76,14 @@ class PidsCgroup:
         (self.path / "pids.max").write_text(str(max_pids))
         self._procs = str(self.path / "cgroup.procs")
 
+    @classmethod
+    def existing(cls, path: Path) -> PidsCgroup:
+        """Adopt an existing cgroup (to empty and remove what a dead worker left)."""
+        cgroup = cls.__new__(cls)
+        cgroup.path = path
+        cgroup._procs = str(path / "cgroup.procs")
+        return cgroup
+
     def join(self) -> None:
         """Move the calling process in (call in the child, before exec); only async-signal-safe calls."""
         fd = os.open(self._procs, os.O_WRONLY)

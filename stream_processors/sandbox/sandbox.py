@@ -158,7 +158,10 @@ class Sandbox:
         self.min_free_memory_bytes = min_free_memory_bytes
         self.binary = bwrap_binary()
         self.python, self.python_prefix = interpreter()
-        self.cgroups = pids_root()
+        shared = pids_root()
+        _remove_stale(shared, self.work_root)
+        self.cgroups = shared / f"worker-{os.getpid()}"
+        self.cgroups.mkdir(exist_ok=True)
 
     def check(self) -> Execution:
         """Run ``python -c pass`` in the sandbox once; raises SandboxUnavailableError naming the cause."""
@@ -198,7 +201,7 @@ class Sandbox:
                 f"host has {available >> 20} MiB available, below the {self.min_free_memory_bytes >> 20} "
                 "MiB an execution needs to start; retry when memory is free"
             )
-        run_id = uuid.uuid4().hex
+        run_id = f"{os.getpid()}-{uuid.uuid4().hex}"
         task_dir = self.work_root / run_id
         task_dir.mkdir(mode=0o755)
         try:
@@ -389,6 +392,26 @@ class Sandbox:
             limits=limits,
             environment_id=environment.id if environment is not None else "",
         )
+
+
+def _alive(pid: str) -> bool:
+    return pid.isdigit() and psutil.pid_exists(int(pid))
+
+
+def _remove_stale(cgroups: Path, work_root: Path) -> None:
+    """Remove what workers that died (SIGKILL) left: their empty cgroups and task directories."""
+    for worker in cgroups.glob("worker-*"):
+        if _alive(worker.name.removeprefix("worker-")):
+            continue
+        for run in worker.iterdir():
+            if run.is_dir():
+                with contextlib.suppress(OSError):
+                    PidsCgroup.existing(run).destroy(timeout_s=1.0)
+        with contextlib.suppress(OSError):
+            worker.rmdir()
+    for task_dir in work_root.iterdir():
+        if not _alive(task_dir.name.partition("-")[0]):
+            shutil.rmtree(task_dir, ignore_errors=True)
 
 
 def _status_objects(raw: bytes) -> list[dict[str, int]]:

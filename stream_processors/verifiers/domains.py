@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.domains import DomainRegistry, DomainSpec, default_domains
-from stream_processors.exceptions import UnknownDomainError, UnknownTaskTypeError
+from stream_processors.exceptions import DomainMismatchError, UnknownDomainError, UnknownTaskTypeError
 from stream_processors.sandbox import EMPTY, EnvironmentStore, Limits, Sandbox
 from stream_processors.verifiers.base import Verdict, Verifier
 from stream_processors.verifiers.code_tests import CodeTestsVerifier
@@ -89,9 +89,20 @@ class DomainVerifiers:
     def spec(self, record: Mapping[str, Any]) -> DomainSpec:
         """The registry's entry for the record's domain (or its task type's, by policy)."""
         domain = record.get("domain", "")
-        if domain in self.domains:
-            return self.domains[domain]
         task_type = record.get("task_type", "")
+        if task_type not in self.domains.task_types and task_type not in self.overrides:
+            raise UnknownTaskTypeError(
+                f"no verifier for task_type={task_type!r}; known task types: "
+                f"{sorted(self.domains.task_types)}. Fix the producer or register the task type"
+            )
+        if domain in self.domains:
+            spec = self.domains[domain]
+            if spec.task_type != task_type:
+                raise DomainMismatchError(
+                    f"domain {domain!r} is task type {spec.task_type!r} in {self.domains.source}, "
+                    f"but the record says task_type={task_type!r}; fix the producer or the registry"
+                )
+            return spec
         if self.unknown_domains == "task-type":
             if task_type not in self.domains.task_types:
                 raise UnknownTaskTypeError(
