@@ -169,7 +169,7 @@ def create_app(
         ),
         write_retries=write_retries,
     )
-    if isinstance(stage.processor.verifiers, DomainVerifiers):
+    if isinstance(stage.processor.verifiers, DomainVerifiers) and stage.processor.verifiers.needs_sandbox:
         stage.processor.verifiers.sandbox  # noqa: B018 (checked at start-up: fail loudly, never unsandboxed)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-sink")
     progress = Progress()

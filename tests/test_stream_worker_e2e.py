@@ -246,7 +246,8 @@ def test_worker_stopped_mid_stream_resumes_exactly_once(
     log2 = tmp_path / "worker2.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, restart_group, log2)
     try:
-        wait_for(lambda: table_rows(traj_uri) >= len(records), 120, proc, log2, "all rows")
+        # 400 s: the restart judges all 5,000 again, about 1,500 code runs in the sandbox
+        wait_for(lambda: table_rows(traj_uri) >= len(records), 400, proc, log2, "all rows")
         wait_for(
             partial(group_caught_up, bootstrap_servers, restart_group, raw, RAW_PARTITIONS),
             60,

@@ -29,6 +29,7 @@ from stream_processors.verifiers.symbolic import SymbolicChecker
 from stream_processors.verifiers.tool_use import ToolUseVerifier
 
 UNKNOWN_DOMAIN_POLICIES = ("dead-letter", "task-type")
+SANDBOXED = frozenset({"code_tests", "tool_use"})
 _LIMIT_FIELDS = frozenset(f.name for f in dataclasses.fields(Limits))
 
 
@@ -77,6 +78,14 @@ class DomainVerifiers:
                 sandbox.check()
                 self._sandbox = sandbox
             return self._sandbox
+
+    @property
+    def needs_sandbox(self) -> bool:
+        """Whether any registered domain (or its task type's default) runs code in the sandbox."""
+        names = {spec.verifier for spec in self.domains.values()}
+        if self.unknown_domains == "task-type":
+            names |= {verifier for verifier, _ in self.domains.task_types.values()}
+        return bool(names & SANDBOXED)
 
     @property
     def environments(self) -> EnvironmentStore:
