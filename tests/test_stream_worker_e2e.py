@@ -204,6 +204,7 @@ def offsets_never_ahead_of_delta(bootstrap_servers: str, group: str, raw: str, t
         assert offset < 0 or (stored is not None and offset <= stored + 1), (part, offset, stored)
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_worker_stopped_mid_stream_resumes_exactly_once(
     bootstrap_servers, make_topic, group_name, tmp_path, stop_signal
