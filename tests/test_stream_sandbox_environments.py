@@ -57,7 +57,7 @@ def test_without_bwrap_the_sandbox_refuses_to_start(monkeypatch, tmp_path):
 def test_a_broken_bwrap_fails_the_start_up_check_naming_the_cause(tmp_path):
     sandbox = Sandbox(tmp_path)
     sandbox.binary = "/bin/false"
-    with pytest.raises(SandboxUnavailableError, match="cannot start on this host.*user namespaces"):
+    with pytest.raises(SandboxUnavailableError, match=r"cannot start on this host.*user namespaces"):
         sandbox.check()
 
 
