@@ -11,13 +11,13 @@ row or one dead letter only if its outcome on replay is the one it had before: a
 bytes and the deployed code (the codec's schemas, validation.py, the verifier registry). If the
 outcome changes in between, a message that was a letter and is now a row is lost when a later
 row of its partition was committed (its offset is skipped as written), and one that was a row
-and is now a letter lands in both tables. One case is not a function of the bytes even with the
-same code: an unexpected exception in processing (not a decode or validation error, which a
-replay repeats) is dead-lettered and may not recur.
+and is now a letter lands in both tables. Failures of the host (memory, a sandbox that did not
+start) never decide an outcome: processing retries them and then raises, so the batch is not
+acked. A sandbox verdict may differ on replay (a run near its time limit), but only between
+row verdicts, never between a row and a letter, so the accounting holds.
 
 So after a crash (a non-zero exit, SIGKILL, an OOM kill; a SIGTERM stop finishes both commits):
-restart with the same app_id and unchanged code, and nothing is lost or doubled (but for that one
-case). Change the code or the registry only once that worker has consumed past the batch it
+restart with the same app_id and unchanged code, and nothing is lost or doubled. Change the code or the registry only once that worker has consumed past the batch it
 crashed in, then stop it with SIGTERM. If the code changed first, check the crashed batch by
 hand: the offsets at risk are those covered by the last trajectories commit the crashed worker
 made (per partition, between the table's stored offset in the version before it and in that
