@@ -78,3 +78,17 @@ def test_the_registry_does_not_need_the_stream_processors():
         ).stdout.strip()
         == "False"
     )
+
+
+def test_rollstream_domains_lists_them_all(capsys):
+    import json
+
+    from infra.cli import main
+
+    assert main(["domains", "--json"]) == 0
+    out = capsys.readouterr()
+    listed = [json.loads(line) for line in out.out.splitlines()]
+    assert len(listed) >= 300 and "322 domains" in out.err
+    assert {"domain", "task_type", "verifier", "options"} == set(listed[0])
+    assert main(["domains", "--task-type", "tool_use"]) == 0
+    assert "tool_use/files-000" in capsys.readouterr().out
