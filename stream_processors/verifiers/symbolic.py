@@ -15,11 +15,12 @@ import select
 import subprocess
 import sys
 import threading
-from typing import Any, Literal
+from typing import Literal
 
 SymbolicResult = Literal["equal", "different", "unparsable", "timeout"]
 NAMES = frozenset({"sqrt", "pi", "e", "i", "I", "oo", "log", "ln", "sin", "cos", "tan", "exp",
                    "x", "y", "z", "n", "k", "a", "b", "c", "t"})  # fmt: skip
+_WARM_UP_S = 30.0
 _ALLOWED = re.compile(r"^[0-9A-Za-z+\-*/^(). ]{1,200}$")
 _IDENT = re.compile(r"[A-Za-z]+")
 
@@ -74,6 +75,7 @@ class SymbolicChecker:
         self._proc: subprocess.Popen[str] | None = None
 
     def _helper(self) -> subprocess.Popen[str]:
+        """The running helper; a new one is started and warmed up (sympy imported) first."""
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _SERVER.replace("MEMORY", str(self.memory_bytes))],
@@ -82,31 +84,33 @@ class SymbolicChecker:
                 stderr=subprocess.DEVNULL,
                 text=True,
             )
+            if self._ask(self._proc, "1", "1", 0.0, _WARM_UP_S) != "equal":
+                self.close()
+                raise RuntimeError("the sympy helper did not start; is sympy installed?")
         return self._proc
+
+    @staticmethod
+    def _ask(proc: subprocess.Popen[str], a: str, b: str, tolerance: float, limit: float) -> str | None:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps([a, b, tolerance]) + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], limit)
+            line = proc.stdout.readline() if ready else ""
+        except OSError:
+            return None
+        return json.loads(line) if line else None
 
     def equal(self, a: str, b: str, tolerance: float = 1e-9) -> SymbolicResult:
         """ "equal", "different", "unparsable" (or not admissible), or "timeout"."""
         if not (admissible(a) and admissible(b)):
             return "unparsable"
         with self._lock:
-            proc = self._helper()
-            assert proc.stdin is not None and proc.stdout is not None
-            # the first check also waits for sympy's import
-            limit = self.timeout_s + (10.0 if not getattr(proc, "_warm", False) else 0.0)
-            ready: list[Any] = []
-            try:
-                proc.stdin.write(json.dumps([a, b, tolerance]) + "\n")
-                proc.stdin.flush()
-                ready, _, _ = select.select([proc.stdout], [], [], limit)
-                line = proc.stdout.readline() if ready else ""
-            except OSError:
-                line = ""
-            if not line:
+            result = self._ask(self._helper(), a, b, tolerance, self.timeout_s)
+            if result is None:
                 self.close()
-                return "timeout" if not ready else "unparsable"
-            proc._warm = True  # type: ignore[attr-defined]
-            result: SymbolicResult = json.loads(line)
-            return result
+                return "timeout"
+            return result  # type: ignore[return-value]
 
     def close(self) -> None:
         """Kill the helper (a new one starts on the next check)."""
