@@ -27,3 +27,7 @@ class PolicyInputError(ConsumerError):
 
 class TrackingError(ConsumerError):
     """The MLflow tracking configuration is unusable."""
+
+
+class AnalyticsError(ConsumerError):
+    """A SQL query, table name or time-travel target is invalid; the message says which."""

@@ -11,11 +11,16 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaException
 
 from infra.settings import Settings
 from schemas.exceptions import RollstreamError
+
+
+class UsageError(RollstreamError):
+    """A flag's value cannot be used; the message says which and what to write."""
 
 
 def _progress(message: str) -> None:
@@ -29,6 +34,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         kafka_port=args.kafka_port,
         controller_port=args.controller_port,
         mlflow_port=args.mlflow_port,
+        brokers=args.brokers,
     )
 
 
@@ -51,7 +57,24 @@ def _down(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from infra import services
 
-    status = services.status(_settings(args))
+    settings = _settings(args)
+    if args.watch:
+        from infra.broker import broker_status
+        from infra.watch import take_snapshot, watch
+
+        def look() -> Any:
+            return take_snapshot(
+                broker=broker_status(settings),
+                bootstrap_servers=settings.bootstrap_servers,
+                topics=(settings.raw_topic, settings.ultra_topic),
+                lake_dir=str(settings.lake_dir),
+                tracking_uri=settings.tracking_uri,
+                group=args.group,
+            )
+
+        watch(look, interval_s=args.interval, iterations=args.iterations)
+        return 0
+    status = services.status(settings)
     print(json.dumps(status.as_dict(), default=str) if args.json else status.describe())
     return 0 if status.running else 3
 
@@ -169,6 +192,76 @@ def _learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sql(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from consumers.sql import query, resolve_versions
+
+    settings = _settings(args)
+    as_of = None
+    if args.as_of:
+        try:
+            as_of = datetime.fromisoformat(args.as_of)
+        except ValueError:
+            raise UsageError(
+                f"--as-of {args.as_of!r} is not an ISO timestamp, e.g. 2026-11-30T08:00:00+00:00"
+            ) from None
+    frame = query(
+        args.query,
+        lake_dir=settings.lake_dir,
+        versions=resolve_versions(args.query, args.version),
+        as_of=as_of,
+    )
+    result = frame.collect()
+    if args.format == "table":
+        import polars as pl
+
+        with pl.Config(tbl_rows=args.max_rows, tbl_cols=-1, fmt_str_lengths=60, fmt_table_cell_list_len=4):
+            print(result)
+    elif args.format == "csv":
+        result.write_csv(args.out or sys.stdout)
+    elif args.format == "json":
+        result.write_ndjson(args.out or sys.stdout)
+    else:
+        if args.out is None and sys.stdout.isatty():
+            raise UsageError("--format parquet writes binary: pass --out FILE or redirect stdout")
+        result.write_parquet(args.out or sys.stdout.buffer)
+    return 0
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from consumers.sql import existing_tables, table_location
+    from infra.maintenance import maintain_table
+
+    settings = _settings(args)
+    names = args.table or existing_tables(settings.lake_dir)
+    if not names:
+        raise UsageError(f"no Delta tables under {settings.lake_dir}: nothing to maintain")
+    for name in names:
+        report = maintain_table(
+            table_location(settings.lake_dir, name),
+            compact=not args.no_compact,
+            checkpoint=not args.no_checkpoint,
+            vacuum=not args.no_vacuum,
+            delete=args.yes,
+            retention_hours=args.retention_hours,
+            progress=_progress,
+        )
+        print(json.dumps({"name": name, **report.as_dict()}))
+    if not args.yes and not args.no_vacuum:
+        _progress("vacuum was a dry run: run again with --yes to delete the files counted above")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from consumers.report import build_report
+
+    report = build_report(_settings(args).lake_dir, args.out, progress=_progress)
+    _progress(f"open {report.html_path}")
+    print(json.dumps(report.as_dict()))
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from infra.demo import run_demo
 
@@ -197,6 +290,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--mlflow-port", type=int, help="the MLflow server's port on 127.0.0.1 (up --mlflow-server)"
     )
+    common.add_argument(
+        "--brokers", type=int, help="local Kafka nodes (up starts a KRaft cluster of this many; default 1)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
@@ -211,6 +307,14 @@ def _parser() -> argparse.ArgumentParser:
     command("down", _down, "stop what `up` started, by pid")
     p = command("status", _status, "report the local services (exit 3 when the broker is down)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="live view: lag per partition, rows/s, tables, learner; Ctrl-C ends",
+    )
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between --watch refreshes")
+    p.add_argument("--iterations", type=int, default=None, help="stop --watch after this many refreshes")
+    p.add_argument("--group", default="rollstream-processor", help="the processor's consumer group, for lag")
 
     p = command("produce", _produce, "publish synthetic trajectories (and some malformed ones) to Kafka")
     p.add_argument("--trajectories", type=int, default=10_000)
@@ -249,6 +353,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--experiment", default="rollstream")
+
+    p = command(
+        "sql", _sql, "run SQL over the lake's tables (trajectories, dead_letters, ...), with time travel"
+    )
+    p.add_argument("query", help='e.g. "SELECT domain, avg(reward) FROM trajectories GROUP BY domain"')
+    p.add_argument(
+        "--version",
+        action="append",
+        default=[],
+        metavar="[TABLE=]N",
+        help="read a table at version N (repeatable; a bare N applies to the one table the query names)",
+    )
+    p.add_argument("--as-of", help="read every table as it was at this ISO timestamp")
+    p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
+    p.add_argument("--out", type=Path, help="write csv/json/parquet to this file instead of stdout")
+    p.add_argument("--max-rows", type=int, default=40, help="rows shown by --format table")
+
+    p = command(
+        "maintain",
+        _maintain,
+        "compact, checkpoint and vacuum the lake's tables (vacuum: dry run unless --yes)",
+    )
+    p.add_argument(
+        "--table", action="append", help="a table name (repeatable; default every table in the lake)"
+    )
+    p.add_argument("--retention-hours", type=int, default=168, help="versions kept readable by vacuum")
+    p.add_argument("--yes", action="store_true", help="really delete the files vacuum finds")
+    p.add_argument("--no-compact", action="store_true")
+    p.add_argument("--no-checkpoint", action="store_true")
+    p.add_argument("--no-vacuum", action="store_true")
+
+    p = command("report", _report, "write an HTML report (and a PNG per plot) of the lake's tables")
+    p.add_argument("--out", type=Path, default=Path("rollstream-report"), help="directory to write into")
 
     p = command("demo", _demo, "up, publish, process, learn, and print where every trajectory went")
     p.add_argument("--trajectories", type=int, default=10_000)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from infra.exceptions import MlflowServerError
 from infra.processes import (
     ProcessStatus,
     owned_pid,
+    poll_until,
     require_free_port,
     start_service,
     stderr_progress,
@@ -136,9 +136,9 @@ def _markers(settings: Settings) -> list[str]:
 def _wait_healthy(
     settings: Settings, process: subprocess.Popen[bytes], paths: MlflowPaths, timeout: float
 ) -> None:
-    deadline = time.monotonic() + timeout
     url = f"{mlflow_url(settings)}/health"
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool | None:
         code = process.poll()
         if code is not None:
             raise MlflowServerError(
@@ -148,10 +148,13 @@ def _wait_healthy(
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
-                    return
+                    return True
         except (urllib.error.URLError, OSError):
             pass
-        time.sleep(0.5)
+        return None
+
+    if poll_until(healthy, timeout=timeout, interval=0.5):
+        return
     raise MlflowServerError(
         f"mlflow server did not answer {url} within {timeout:.0f} s; it was stopped. "
         f"See {paths.log_file}. Last lines:\n{tail(paths.log_file)}"

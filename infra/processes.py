@@ -12,12 +12,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+import psutil
+import tenacity
 
 from infra.exceptions import PortInUseError
+
+T = TypeVar("T")
 
 
 def stderr_progress(message: str) -> None:
@@ -88,24 +93,18 @@ def read_pid(pid_file: Path) -> int | None:
 def is_alive(pid: int) -> bool:
     """Whether ``pid`` runs; reaps it when it is an exited child of this interpreter.
 
-    Every thread is checked, not only the leader: a JVM's main thread can be a zombie while its
-    other threads are still shutting the broker down.
+    A zombie leader with live threads counts as alive: a JVM's main thread can be a zombie while
+    its other threads are still shutting the broker down.
     """
     if _reap(pid):
         return False
     try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in threads:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        if stat.rpartition(")")[2].split()[0] not in {"Z", "X"}:
+        process = psutil.Process(pid)
+        if process.status() != psutil.STATUS_ZOMBIE:
             return True
-    _reap(pid)  # it may have exited after the first attempt
-    return False
+        return process.num_threads() > 1
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
 
 
 def _reap(pid: int) -> bool:
@@ -118,12 +117,11 @@ def _reap(pid: int) -> bool:
 
 
 def command_line(pid: int) -> list[str]:
-    """The argv of ``pid`` from /proc, empty when it is gone."""
+    """The argv of ``pid``, empty when it is gone."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
 def owned_pid(pid_file: Path, markers: Sequence[str]) -> int | None:
@@ -233,25 +231,31 @@ def terminate(pid: int, *, timeout: float, group: bool = False) -> bool:
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids in process group ``pgid``."""
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter(["status"]):
         try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
             continue
-        if int(fields[2]) == pgid and fields[0] not in {"Z", "X"}:
-            members.append(int(entry.name))
     return members
 
 
+def poll_until(check: Callable[[], T | None], *, timeout: float, interval: float = 0.1) -> T | None:
+    """Call `check` every `interval` s until it returns something other than None, or `timeout` passes.
+
+    Exceptions from `check` propagate at once (they are not retried); returns None on timeout.
+    """
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_delay(timeout),
+        wait=tenacity.wait_fixed(interval),
+        retry=tenacity.retry_if_result(lambda result: result is None),
+        retry_error_callback=lambda _: None,
+    )
+    return retrying(check)
+
+
 def _wait(done: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    return poll_until(lambda: True if done() else None, timeout=timeout) is not None
 
 
 def _leads_group(pid: int) -> bool:

@@ -11,39 +11,39 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${ROLLSTREAM_CACHE:-$HOME/.cache/rollstream}"
 python="${ROLLSTREAM_PYTHON:-python3}"
 
-dep_hash="$("$python" - "$repo/pyproject.toml" <<'PY'
+dep_hash="$("$python" - "$repo/pyproject.toml" "$repo/uv.lock" <<'PY'
 import hashlib, sys, tomllib, platform
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+lock = open(sys.argv[2], "rb").read()
 key = repr((platform.python_version_tuple()[:2], project["dependencies"], project.get("optional-dependencies", {})))
-print(hashlib.sha256(key.encode()).hexdigest()[:16])
+print(hashlib.sha256(key.encode() + lock).hexdigest()[:16])
 PY
 )"
 venv="$cache/venv-$dep_hash"
+uv_version="0.13.8"
 
 mkdir -p "$cache"
 # One build at a time per machine: a second run waits here, then finds the environment ready.
 exec 9>"$cache/install.lock"
 flock 9
 if [ ! -f "$venv/.complete" ]; then
-  echo "rollstream: building the virtual environment $venv (torch is a large download; done once per machine)" >&2
+  echo "rollstream: building the virtual environment $venv from uv.lock (torch is a large download; done once per machine)" >&2
+  started=$SECONDS
   rm -rf "$venv.partial"
   "$python" -m venv "$venv.partial"
-  "$venv.partial/bin/pip" install --quiet --upgrade pip setuptools wheel
-  # Install the declared dependencies only; the project itself is installed editable below.
-  "$venv.partial/bin/python" - "$repo/pyproject.toml" > "$venv.partial/requirements.txt" <<'PY'
-import sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-extras = project["optional-dependencies"]
-print("\n".join(project["dependencies"] + extras["dev"] + extras["bench"]))
-PY
-  "$venv.partial/bin/pip" install --progress-bar off -r "$venv.partial/requirements.txt"
+  "$venv.partial/bin/pip" install --quiet --upgrade pip setuptools wheel "uv==$uv_version"
+  # Exactly the locked versions of every dependency and extra; the project itself is installed
+  # editable below. --inexact keeps pip and setuptools, which that editable install uses.
+  (cd "$repo" && UV_PROJECT_ENVIRONMENT="$venv.partial" "$venv.partial/bin/uv" sync --frozen --inexact \
+    --all-extras --no-install-project --python "$venv.partial/bin/python" --no-progress)
   rm -rf "$venv"
   mv "$venv.partial" "$venv"
   # A venv's scripts carry its absolute path: rewrite them after the move.
   grep -rlI "$venv.partial" "$venv/bin" | xargs -r sed -i "s#$venv.partial#$venv#g"
   touch "$venv/.complete"
-  # Each environment is several GB: keep this one and the one before it, drop older ones.
-  ls -1dt "$cache"/venv-* 2>/dev/null | grep -v '\.partial$' | tail -n +3 | xargs -r rm -rf
+  echo "rollstream: environment ready in $((SECONDS - started)) s" >&2
+  # Each environment is several GB: keep the three newest (clones on other commits may use them).
+  ls -1dt "$cache"/venv-* 2>/dev/null | grep -v '\.partial$' | tail -n +4 | xargs -r rm -rf
 fi
 if ! "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" > "$venv/editable-install.log" 2>&1; then
   cat "$venv/editable-install.log" >&2

@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from infra.broker import broker_status, start_broker, stop_broker
+from infra.broker import broker_status, broker_statuses, running_layout, start_broker, stop_broker
 from infra.kafka_jars import ensure_jars
 from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
 from infra.processes import ProcessStatus, stderr_progress
@@ -44,6 +44,7 @@ class ServiceStatus:
     missing_topics: tuple[str, ...] = ()
     changes: tuple[TopicChange, ...] = ()
     error: str | None = None
+    nodes: tuple[ProcessStatus, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -73,6 +74,7 @@ class ServiceStatus:
                 "log": str(self.mlflow.log_file),
             },
             "changes": [str(change) for change in self.changes],
+            "nodes": [{"name": n.name, "running": n.running, "pid": n.pid, "url": n.url} for n in self.nodes],
             "error": self.error,
         }
 
@@ -87,6 +89,10 @@ class ServiceStatus:
             f"tracking uri:  {self.tracking_uri}",
             f"state dir:     {self.state_dir}",
         ]
+        if len(self.nodes) > 1:
+            for node in self.nodes:
+                state = f"running (pid {node.pid})" if node.running else "DOWN"
+                lines.append(f"  {node.name}: {state} at {node.url}")
         if self.missing_topics:
             lines.append(f"missing:       {', '.join(self.missing_topics)} (run `rollstream up`)")
         if self.error:
@@ -135,6 +141,7 @@ def down(settings: Settings, *, progress: Callable[[str], None] = stderr_progres
 
 def status(settings: Settings) -> ServiceStatus:
     """What runs for ``settings`` and which topics the broker has; never starts or stops anything."""
+    settings = running_layout(settings)
     kafka = broker_status(settings)
     topics: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()
@@ -155,4 +162,5 @@ def status(settings: Settings) -> ServiceStatus:
         topics=topics,
         missing_topics=missing,
         error=error,
+        nodes=tuple(broker_statuses(settings)),
     )

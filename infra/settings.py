@@ -62,6 +62,9 @@ class Settings:
         domain_registry: The domain registry file; empty means the shipped ``schemas/domains.toml``.
         unknown_domains: ``dead-letter`` (default) or ``task-type``: judge a domain missing from
             the registry with its task type's defaults instead.
+        brokers: Kafka nodes `rollstream up` starts on this machine (KRaft, each a broker and a
+            controller). Node i listens on ``kafka_port + 2i`` and ``controller_port + 2i``.
+            With 3 or more, topics get replication factor 3 and min.insync.replicas 2. Default 1.
     """
 
     state_dir: Path = field(default_factory=_default_state_dir)
@@ -81,6 +84,7 @@ class Settings:
     sandbox_pool_size: int = 2
     domain_registry: str = ""
     unknown_domains: str = "dead-letter"
+    brokers: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", self.state_dir.expanduser().resolve())
@@ -99,8 +103,12 @@ class Settings:
 
     @property
     def bootstrap_servers(self) -> str:
-        """The ``host:port`` clients pass as ``bootstrap.servers``."""
-        return f"{self.kafka_host}:{self.kafka_port}"
+        """The ``host:port[,host:port...]`` clients pass as ``bootstrap.servers``: every local node."""
+        return ",".join(f"{self.kafka_host}:{port}" for port, _ in self.node_ports())
+
+    def node_ports(self) -> list[tuple[int, int]]:
+        """(client port, controller port) of each local Kafka node."""
+        return [(self.kafka_port + 2 * i, self.controller_port + 2 * i) for i in range(self.brokers)]
 
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -123,13 +131,21 @@ class Settings:
         return cls(**values)
 
     def _validate(self) -> None:
+        if not 1 <= self.brokers <= 9:
+            raise SettingsError(f"brokers = {self.brokers}; run 1 to 9 local Kafka nodes")
         ports = {"kafka_port": self.kafka_port, "controller_port": self.controller_port}
         ports["mlflow_port"] = self.mlflow_port
+        for i, (client, controller) in enumerate(self.node_ports()[1:], start=1):
+            ports[f"node {i} client port"] = client
+            ports[f"node {i} controller port"] = controller
         for name, port in ports.items():
             if not 1 <= port <= 65535:
                 raise SettingsError(f"{name} = {port} is out of range; pick a port in 1..65535")
         if len(set(ports.values())) != len(ports):
-            raise SettingsError(f"ports must differ, got {ports}; give each service its own port")
+            raise SettingsError(
+                f"ports must differ, got {ports}; give each service its own port (node i of a cluster "
+                "uses kafka_port + 2i and controller_port + 2i)"
+            )
         if self.sandbox_pool_size < 1:
             raise SettingsError(f"sandbox_pool_size = {self.sandbox_pool_size} must be at least 1")
         if self.unknown_domains not in ("dead-letter", "task-type"):

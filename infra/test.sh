@@ -5,6 +5,17 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
+if ! command -v chromium >/dev/null 2>&1; then
+  # The report's rendering test opens it in headless Chromium (Debian's package).
+  echo "== installing chromium (once per machine)"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium is missing: install Debian's chromium package (apt-get install chromium)" >&2
+    exit 1
+  fi
+fi
+
 echo "== ruff"
 ruff check .
 ruff format --check .

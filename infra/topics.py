@@ -21,6 +21,7 @@ from confluent_kafka.admin import (
 )
 
 from infra.exceptions import TopicProvisionError
+from infra.processes import poll_until
 from infra.settings import Settings
 
 TOPICS_FILE = Path(__file__).resolve().parent / "topics.toml"
@@ -77,7 +78,21 @@ def load_topics(settings: Settings, path: Path = TOPICS_FILE) -> list[TopicSpec]
     unknown = sorted(set(tables) - set(ROLES))
     if unknown:
         raise TopicProvisionError(f"{path}: unknown topic role(s) {unknown}; known roles: {list(ROLES)}")
-    return [_spec(role, getattr(settings, f"{role}_topic"), body, path) for role, body in tables.items()]
+    specs = [_spec(role, getattr(settings, f"{role}_topic"), body, path) for role, body in tables.items()]
+    return [fit_to_cluster(spec, settings.brokers) for spec in specs]
+
+
+def fit_to_cluster(spec: TopicSpec, brokers: int) -> TopicSpec:
+    """Clamp replication to the nodes there are, and min.insync.replicas to one below it (at least 1).
+
+    So the one declaration serves a single node (replication 1) and a 3-node cluster (3, with
+    min.insync.replicas 2: an acks=all write survives one node's loss).
+    """
+    replication = min(spec.replication, brokers)
+    config = dict(spec.config)
+    if "min.insync.replicas" in config:
+        config["min.insync.replicas"] = str(min(int(config["min.insync.replicas"]), max(1, replication - 1)))
+    return TopicSpec(spec.role, spec.name, spec.partitions, replication, config)
 
 
 def _spec(role: str, name: str, body: Any, path: Path) -> TopicSpec:
@@ -141,8 +156,23 @@ def provision_topics(
                 else:
                     existing.append(spec)
     if existing:
-        metadata = admin.list_topics(timeout=timeout).topics
+        names = {spec.name for spec in existing}
+
+        def listed() -> dict[str, Any] | None:
+            # A topic another client just created can be missing from this broker's metadata for a
+            # moment (seen under load): ask again until every existing topic is listed.
+            topics = admin.list_topics(timeout=timeout).topics
+            return topics if names <= set(topics) else None
+
+        metadata = (
+            poll_until(listed, timeout=timeout, interval=0.2) or admin.list_topics(timeout=timeout).topics
+        )
         for spec in existing:
+            if spec.name not in metadata:
+                problems.append(
+                    f"{spec.name}: exists, yet is missing from the broker's metadata after {timeout:.0f} s"
+                )
+                continue
             _reconcile(admin, spec, metadata[spec.name], timeout, changes, problems)
     if problems:
         raise TopicProvisionError("topics not as declared in topics.toml:\n  " + "\n  ".join(problems))

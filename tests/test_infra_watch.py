@@ -1,0 +1,54 @@
+"""`rollstream status --watch` in a pseudo terminal: the view is drawn, then redrawn in place."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+
+
+def run_in_pty(argv: list[str], timeout_s: float = 120.0) -> tuple[int, str]:
+    """Run `argv` with a pseudo terminal as stdout/stderr; returns (exit code, everything it drew)."""
+    master, slave = os.openpty()
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm", "PYTHONFAULTHANDLER": "1"},
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif process.poll() is not None:
+            break
+    os.close(master)
+    try:
+        code = process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        code = process.wait()
+    return code, b"".join(chunks).decode(errors="replace")
+
+
+def test_status_watch_redraws_in_place(bootstrap_servers):
+    code, screen = run_in_pty(
+        [sys.executable, "-m", "infra.cli", "status", "--watch", "--iterations", "3", "--interval", "0.3"]
+    )
+    assert code == 0, screen[-2000:]
+    assert "consumer lag" in screen and "kafka broker" in screen and "delta tables" in screen
+    assert "rollouts.raw" in screen  # the lag table lists the raw topic's partitions
+    assert screen.count("services") >= 3  # drawn three times
+    assert "\x1b[1A" in screen or "\x1b[2K" in screen  # ...each redraw moves the cursor back up
