@@ -111,6 +111,20 @@ def _produce(args: argparse.Namespace) -> int:
     return 0 if report.failed == 0 and not report.as_dict()["errors"] else 1
 
 
+def _verifiers(settings: Settings, versions: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    from schemas.domains import DomainRegistry
+    from stream_processors.sandbox import EnvironmentStore, Sandbox
+    from stream_processors.verifiers import DomainVerifiers
+
+    return DomainVerifiers(
+        DomainRegistry.load(settings.domain_registry or None),
+        sandbox=Sandbox(settings.sandbox_dir / "work"),
+        environments=EnvironmentStore(settings.sandbox_dir / "environments"),
+        unknown_domains=settings.unknown_domains,
+        versions=versions,
+    )
+
+
 def _process(args: argparse.Namespace) -> int:
     from schemas.profile import load_profile
     from stream_processors import create_app, run_worker
@@ -118,6 +132,8 @@ def _process(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     app = create_app(
+        verifiers=_verifiers(settings),
+        sandbox_pool_size=settings.sandbox_pool_size,
         bootstrap_servers=settings.bootstrap_servers,
         lake_dir=settings.lake_dir,
         raw_topic=settings.raw_topic,
@@ -190,6 +206,7 @@ def _offsets_reset(args: argparse.Namespace) -> int:
     version = reset_topic(
         TxnTable(str(settings.lake_dir / "trajectories"), app_id=args.app_id, partition_by=["bucket"]),
         TxnTable(str(settings.lake_dir / "dead_letters"), app_id=args.app_id),
+        executions=TxnTable(str(settings.lake_dir / "executions"), app_id=args.app_id),
         topic=args.topic,
         partitions=partitions,
         topic_id=topic_id,
@@ -204,6 +221,51 @@ def _offsets_reset(args: argparse.Namespace) -> int:
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _domains(args: argparse.Namespace) -> int:
+    from schemas.domains import DomainRegistry
+
+    registry = DomainRegistry.load(_settings(args).domain_registry or None)
+    specs = [
+        spec
+        for name, spec in sorted(registry.items())
+        if not args.task_type or spec.task_type == args.task_type
+    ]
+    for spec in specs:
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "domain": spec.name,
+                        "task_type": spec.task_type,
+                        "verifier": spec.verifier,
+                        "options": dict(spec.options),
+                    }
+                )
+            )
+        else:
+            own = ", ".join(f"{k}={v}" for k, v in sorted(spec.options.items()))
+            print(f"{spec.name:32} {spec.task_type:12} {spec.verifier:12} {own}")
+    print(f"{len(specs)} domains ({registry.source})", file=sys.stderr)
+    return 0
+
+
+def _rescore(args: argparse.Namespace) -> int:
+    from stream_processors.rescore import rescore
+
+    settings = _settings(args)
+    summary = rescore(
+        lake_dir=settings.lake_dir,
+        domain=args.domain,
+        verifier_version=args.verifier_version,
+        table_version=args.table_version,
+        verifiers=_verifiers(settings),
+        bootstrap_servers=settings.bootstrap_servers,
+        progress=_progress,
+    )
+    print(json.dumps(summary))
+    return 0
 
 
 def _learn(args: argparse.Namespace) -> int:
@@ -424,6 +486,21 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_offsets_reset)
     p.add_argument("--topic", required=True)
     p.add_argument("--app-id", default="rollstream-processor")
+
+    p = command(
+        "domains", _domains, "list the domain registry: each domain's task type, verifier and options"
+    )
+    p.add_argument("--task-type", default=None, help="only this task type")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = command(
+        "rescore", _rescore, "judge stored trajectories with a verifier version; write the rescores table"
+    )
+    p.add_argument("--domain", required=True, help="the domain to rescore")
+    p.add_argument("--verifier-version", required=True, help="the verifier version to judge with")
+    p.add_argument(
+        "--table-version", type=int, default=None, help="the trajectories version (default latest)"
+    )
 
     p = command("learn", _learn, "run a few policy-gradient steps on the Delta table, tracked in MLflow")
     p.add_argument("--steps", type=int, default=20)

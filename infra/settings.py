@@ -56,6 +56,12 @@ class Settings:
         dlq_topic: Dead-letter topic. Default ``rollouts.dlq``.
         cache_dir: Per-machine cache; Kafka jars live in ``<cache_dir>/kafka-<version>/libs``.
             Default ``$ROLLSTREAM_CACHE`` or ``~/.cache/rollstream``.
+        sandbox_dir: Sandboxed executions' task directories (``work/``) and the environment
+            store (``environments/``). Default ``<state_dir>/sandbox``.
+        sandbox_pool_size: Sandboxed judgements run at once per worker. Default 2.
+        domain_registry: The domain registry file; empty means the shipped ``schemas/domains.toml``.
+        unknown_domains: ``dead-letter`` (default) or ``task-type``: judge a domain missing from
+            the registry with its task type's defaults instead.
         brokers: Kafka nodes `rollstream up` starts on this machine (KRaft, each a broker and a
             controller). Node i listens on ``kafka_port + 2i`` and ``controller_port + 2i``.
             With 3 or more, topics get replication factor 3 and min.insync.replicas 2. Default 1.
@@ -77,6 +83,10 @@ class Settings:
     ultra_topic: str = "rollouts.ultra"
     dlq_topic: str = "rollouts.dlq"
     cache_dir: Path = field(default_factory=_default_cache_dir)
+    sandbox_dir: Path = _DERIVED_PATH
+    sandbox_pool_size: int = 2
+    domain_registry: str = ""
+    unknown_domains: str = "dead-letter"
     brokers: int = 1
     profile_path: str = ""
 
@@ -87,6 +97,10 @@ class Settings:
             object.__setattr__(self, "lake_dir", self.state_dir / "lake")
         else:
             object.__setattr__(self, "lake_dir", self.lake_dir.expanduser().resolve())
+        if self.sandbox_dir is _DERIVED_PATH:
+            object.__setattr__(self, "sandbox_dir", self.state_dir / "sandbox")
+        else:
+            object.__setattr__(self, "sandbox_dir", self.sandbox_dir.expanduser().resolve())
         if not self.tracking_uri:
             object.__setattr__(self, "tracking_uri", f"sqlite:///{self.state_dir / 'mlflow.db'}")
         self._validate()
@@ -135,6 +149,12 @@ class Settings:
             raise SettingsError(
                 f"ports must differ, got {ports}; give each service its own port (node i of a cluster "
                 "uses kafka_port + 2i and controller_port + 2i)"
+            )
+        if self.sandbox_pool_size < 1:
+            raise SettingsError(f"sandbox_pool_size = {self.sandbox_pool_size} must be at least 1")
+        if self.unknown_domains not in ("dead-letter", "task-type"):
+            raise SettingsError(
+                f"unknown_domains = {self.unknown_domains!r}; use 'dead-letter' or 'task-type'"
             )
         if not self.kafka_host:
             raise SettingsError("kafka_host is empty; set it to an address such as 127.0.0.1")

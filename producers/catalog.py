@@ -12,6 +12,7 @@ import numpy as np
 
 from producers.exceptions import FleetConfigError
 from producers.tasks import FAMILIES, TASK_TYPES
+from schemas.domains import DomainRegistry, default_domains
 
 CATALOG_SEED = 0x5EED
 MAX_TOKENS = 32_768
@@ -55,8 +56,12 @@ def _counts(num_domains: int) -> dict[str, int]:
     return {t: counts[t] for t in TASK_TYPES}
 
 
-def build_catalog(num_domains: int = 120) -> tuple[Domain, ...]:
-    """Make `num_domains` domains over every task type, with Zipf-like traffic weights."""
+def build_catalog(num_domains: int = 320, registry: DomainRegistry | None = None) -> tuple[Domain, ...]:
+    """Make `num_domains` domains over every task type, with Zipf-like traffic weights.
+
+    Every domain must be in the domain registry (default `schemas/domains.toml`) with the same
+    task type: the fleet emits only domains the stream stage knows how to judge.
+    """
     if num_domains < len(TASK_TYPES):
         raise FleetConfigError(
             f"num_domains must be at least {len(TASK_TYPES)} so every task type has a domain, got {num_domains}"
@@ -82,4 +87,13 @@ def build_catalog(num_domains: int = 120) -> tuple[Domain, ...]:
                 weight=weight,
             )
         )
+    registry = registry if registry is not None else default_domains()
+    for domain in domains:
+        spec = registry.get(domain.name)
+        if spec is None or spec.task_type != domain.task_type:
+            raise FleetConfigError(
+                f"domain {domain.name!r} ({domain.task_type}) is not in the domain registry "
+                f"{registry.source} with that task type; num_domains={num_domains} may exceed what "
+                "the registry lists, or add the domain there"
+            )
     return tuple(domains)

@@ -77,7 +77,7 @@ class SyntheticFleet:
         self,
         seed: int = 0,
         *,
-        num_domains: int = 120,
+        num_domains: int = 320,
         group_size: int = 8,
         policy_version: int = 1,
         worker_count: int = 16,

@@ -1,8 +1,10 @@
 """The contract: the Trajectory Avro schema, its single-object codec and packed token buffers."""
 
 from schemas.codec import TRAJECTORY_SCHEMA_PATH, TrajectoryCodec, fingerprint_of, load_schema
+from schemas.domains import DomainRegistry, DomainSpec, default_domains
 from schemas.exceptions import (
     DecodeError,
+    DomainRegistryError,
     EncodeError,
     RollstreamError,
     SchemaError,
@@ -17,12 +19,16 @@ __all__ = [
     "TRAJECTORIES_SCHEMA",
     "TRAJECTORY_SCHEMA_PATH",
     "DecodeError",
+    "DomainRegistry",
+    "DomainRegistryError",
+    "DomainSpec",
     "EncodeError",
     "RollstreamError",
     "SchemaError",
     "TrajectoryCodec",
     "TrajectoryRecord",
     "UnknownSchemaError",
+    "default_domains",
     "fingerprint_of",
     "load_schema",
     "pack_float32",

@@ -21,5 +21,9 @@ class UnknownSchemaError(DecodeError):
     """The message names a writer schema fingerprint this codec does not know."""
 
 
+class DomainRegistryError(RollstreamError):
+    """The domain registry is missing or malformed, or a domain is not in it."""
+
+
 class ProfileError(RollstreamError):
     """An inference workload profile or trace is missing, malformed or inconsistent."""

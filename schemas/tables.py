@@ -57,3 +57,52 @@ DEAD_LETTERS_SCHEMA = pa.schema(
         ("failed_at", TIMESTAMP),
     ]
 )
+
+EXECUTIONS_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("execution_index", pa.int32()),
+        ("domain", pa.string()),
+        ("verifier", pa.string()),
+        ("verifier_version", pa.string()),
+        ("environment_id", pa.string()),
+        ("limits", pa.map_(pa.string(), pa.float64())),
+        ("verdict", pa.string()),
+        ("outcome", pa.string()),
+        ("exit_code", pa.int32()),
+        ("signal", pa.int32()),
+        ("cpu_s", pa.float64()),
+        ("wall_s", pa.float64()),
+        ("peak_memory_bytes", pa.int64()),
+        ("stdout", pa.string()),
+        ("stderr", pa.string()),
+        ("stdout_bytes", pa.int64()),
+        ("stderr_bytes", pa.int64()),
+        ("executed_at", TIMESTAMP),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+    ]
+)
+"""executions: one audit row per sandbox execution (`verdict` is the trajectory's verifier status,
+`outcome` how the sandboxed process ended); exactly once per Kafka offset like the rows."""
+
+RESCORES_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("domain", pa.string()),
+        ("old_reward", pa.float64()),
+        ("old_status", pa.string()),
+        ("old_verifier", pa.string()),
+        ("old_verifier_version", pa.string()),
+        ("new_reward", pa.float64()),
+        ("new_status", pa.string()),
+        ("new_verifier", pa.string()),
+        ("new_verifier_version", pa.string()),
+        ("new_reward_components", pa.map_(pa.string(), pa.float64())),
+        ("source_table_version", pa.int64()),
+        ("rescore_id", pa.string()),
+        ("rescored_at", TIMESTAMP),
+    ]
+)
+"""rescores: a verifier version's verdicts beside the stored ones (`rollstream rescore`)."""

@@ -33,19 +33,21 @@ from schemas.profile import WorkloadProfile, load_profile
 from stream_processors.advantages import GroupNormalization
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
+from stream_processors.executions import ExecutionLog
 from stream_processors.groups import GroupBuffer
 from stream_processors.offsets import Coordinates, TopicPartition, table_uri
 from stream_processors.preflight import OffsetStore, check_stored_offsets, topic_ids, topic_partitions
 from stream_processors.processing import BatchProcessor, SourceMessage
 from stream_processors.progress import Progress
 from stream_processors.stage import BatchStats, Stage
-from stream_processors.verifiers import VerifierRegistry
+from stream_processors.verifiers import DomainVerifiers, VerifierRegistry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TRAJECTORIES_TABLE = "trajectories"
 DEAD_LETTERS_TABLE = "dead_letters"
+EXECUTIONS_TABLE = "executions"
 ULTRA_MAX_MESSAGE_BYTES = 67_108_864
 """64 MiB: rollouts.ultra's max.message.bytes as infra/topics.toml declares it. The consumer's
 per-partition fetch size (Faust's consumer_max_fetch_size, aiokafka's max_partition_fetch_bytes)
@@ -139,7 +141,8 @@ def create_app(
     session_timeout_s: float = 60.0,
     storage_options: Mapping[str, str] | None = None,
     producer_config: Mapping[str, Any] | None = None,
-    verifiers: VerifierRegistry | None = None,
+    verifiers: DomainVerifiers | VerifierRegistry | None = None,
+    sandbox_pool_size: int = 2,
     write_retries: int = 5,
     log_every_s: float = 10.0,
     data_dir: Path | str | None = None,
@@ -176,7 +179,9 @@ def create_app(
             assigned to it for this long before a restarted worker gets them.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
-        verifiers: task_type -> verifier; default `verifiers.default_registry()`.
+        verifiers: domain -> verifier; default `DomainVerifiers()` over the shipped domain registry,
+            whose sandbox is checked here, before consuming (SandboxUnavailableError otherwise).
+        sandbox_pool_size: judgements (sandboxed executions) run at once per batch.
         write_retries: retries of a failing Delta or dead-letter write before the worker stops.
         log_every_s: interval of the progress log line.
         data_dir: Faust's data directory (default ``./<group id>-data`` in the working directory).
@@ -208,7 +213,7 @@ def create_app(
     )
     profile = profile if profile is not None else load_profile()
     stage = Stage(
-        BatchProcessor(verifiers=verifiers, profile=profile),
+        BatchProcessor(verifiers=verifiers, profile=profile, pool_size=sandbox_pool_size),
         DeltaSink(
             table_uri(lake_dir, TRAJECTORIES_TABLE),
             app_id=app_id,
@@ -223,6 +228,9 @@ def create_app(
             storage_options=storage_options,
             producer_config=producer_config,
         ),
+        executions=ExecutionLog(
+            table_uri(lake_dir, EXECUTIONS_TABLE), app_id=app_id, storage_options=storage_options
+        ),
         normalization=normalization,
         groups=GroupBuffer(event_timeout_s=group_event_timeout_s, wall_timeout_s=group_wall_timeout_s),
         decay=domain_decay,
@@ -231,6 +239,8 @@ def create_app(
         commit_interval_s=commit_interval_s,
         write_retries=write_retries,
     )
+    if isinstance(stage.processor.verifiers, DomainVerifiers) and stage.processor.verifiers.needs_sandbox:
+        stage.processor.verifiers.sandbox  # noqa: B018 (checked at start-up: fail loudly, never unsandboxed)
     sink_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-sink")
     lanes = {
         "raw": ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-raw"),
@@ -247,6 +257,8 @@ def create_app(
             (TRAJECTORIES_TABLE, stage.sink),
             (DEAD_LETTERS_TABLE, stage.dead_letters),
         ]
+        if stage.executions is not None:
+            stores.append((EXECUTIONS_TABLE, stage.executions))
         check_stored_offsets(bootstrap_servers, topics, stores)
         held = [(t, p) for t, n in counts.items() for p in range(n)]
         stage.load(held, topic_ids(bootstrap_servers, topics))

@@ -41,6 +41,18 @@ class UnknownTaskTypeError(InvalidRecordError):
     """No verifier is registered for the record's task_type."""
 
 
+class UnknownDomainError(InvalidRecordError):
+    """The record's domain is not in the domain registry (or names a verifier that does not exist)."""
+
+
+class DomainMismatchError(InvalidRecordError):
+    """The record's task_type is not the one the domain registry gives its domain."""
+
+
+class TransientScoringError(StreamProcessorError):
+    """Scoring kept failing for the host's reasons after retries: the worker stops without acking."""
+
+
 class VerifierInputError(InvalidRecordError):
     """The record lacks what its verifier needs (expected_answer, gold_fields, precomputed_reward)."""
 

@@ -1,9 +1,13 @@
-"""One batch of raw messages in, judged trajectories and dead letters out (no I/O).
+"""One batch of raw messages in, scored trajectories, execution records and dead letters out.
 
 Order per message: decode (Avro single-object), validate (validation.py), pick the verifier by
-task_type, judge. Anything that fails becomes a dead letter with the error's message as reason;
-an unexpected exception inside a verifier is a verdict with status "error" instead, since the
-trajectory itself is sound. `judge` leaves groups to the stage (groups.py); `process` computes
+domain (the domain registry), judge; the judging runs on a bounded pool, since code runs in
+sandboxes. Only bad input becomes a dead letter (undecodable, invalid, unknown domain, missing
+verifier input); an unexpected exception inside a verifier is a verdict with status "error",
+since the trajectory itself is sound. A failure of the host (a sandbox that did not start, a
+host short of memory, the OOM killer) is retried, and if it persists raises
+TransientScoringError: the worker stops without acking, and the batch is judged again later.
+`judge` buckets each sample and leaves groups to the stage (groups.py); `process` computes
 advantages within the batch alone, for benchmarks and tests of the sink.
 """
 
@@ -20,12 +24,15 @@ from schemas import DecodeError, TrajectoryCodec
 from schemas.profile import WorkloadProfile, load_profile
 from stream_processors.advantages import group_advantages
 from stream_processors.dead_letters import DeadLetter
-from stream_processors.exceptions import InvalidRecordError
+from stream_processors.exceptions import InvalidRecordError, TransientScoringError
+from stream_processors.executions import ExecutionRecord
 from stream_processors.groups import Sample
 from stream_processors.offsets import Coordinates
 from stream_processors.rows import ScoredTrajectory
+from stream_processors.sandbox import SandboxHostError, SandboxPool, SandboxUnavailableError
 from stream_processors.validation import TokenArrays, validate
-from stream_processors.verifiers import Verdict, VerifierRegistry, default_registry
+from stream_processors.verifiers import Verdict, Verifier, VerifierRegistry
+from stream_processors.verifiers.domains import DomainVerifiers
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +48,28 @@ class SourceMessage:
 
 @dataclass(slots=True)
 class JudgedBatch:
-    """A batch judged: samples for the group buffer, dead letters, and the offsets already decided."""
+    """A batch judged: samples for the group buffer, dead letters, the sandbox executions with their
+    source coordinates (parallel lists), and how many messages were already decided (replays)."""
 
     coordinates: list[Coordinates] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    executions: list[ExecutionRecord] = field(default_factory=list)
+    execution_coordinates: list[Coordinates] = field(default_factory=list)
     skipped: int = 0
     seconds: float = 0.0
 
 
 @dataclass(slots=True)
 class ProcessedBatch:
-    """The outcome of one batch: rows with their coordinates (parallel lists) and dead letters."""
+    """The outcome of one batch: rows with their coordinates (parallel lists), dead letters, and
+    the sandbox executions with their source coordinates (parallel lists)."""
 
     rows: list[ScoredTrajectory] = field(default_factory=list)
     coordinates: list[Coordinates] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    executions: list[ExecutionRecord] = field(default_factory=list)
+    execution_coordinates: list[Coordinates] = field(default_factory=list)
 
 
 class BatchProcessor:
@@ -64,7 +77,11 @@ class BatchProcessor:
 
     Args:
         codec: the Avro codec; default the shipped schema (plus its history).
-        verifiers: task_type -> verifier; default `default_registry()`.
+        verifiers: domain -> verifier (`DomainVerifiers`, default from the shipped registry); a
+            task-type `VerifierRegistry` overrides the registry's choice for its task types.
+        pool_size: judgements run at once (sandboxes); default 2.
+        transient_retries: retries of a judgement the host broke before TransientScoringError.
+        retry_backoff_s: the first retry's delay, doubled each time.
         profile: the inference workload profile that names each row's bucket; default the shipped one.
     """
 
@@ -72,32 +89,64 @@ class BatchProcessor:
         self,
         *,
         codec: TrajectoryCodec | None = None,
-        verifiers: VerifierRegistry | None = None,
+        verifiers: DomainVerifiers | VerifierRegistry | None = None,
         profile: WorkloadProfile | None = None,
+        pool_size: int = 2,
+        transient_retries: int = 3,
+        retry_backoff_s: float = 0.5,
     ) -> None:
         self.codec = codec or TrajectoryCodec()
-        self.verifiers = verifiers if verifiers is not None else default_registry()
+        if isinstance(verifiers, VerifierRegistry):
+            verifiers = DomainVerifiers(overrides=verifiers)
+        self.verifiers = verifiers if verifiers is not None else DomainVerifiers()
         self.profile = profile if profile is not None else load_profile()
+        self.pool = SandboxPool(pool_size)
+        self.transient_retries = transient_retries
+        self.retry_backoff_s = retry_backoff_s
 
     def judge(
         self, messages: Sequence[SourceMessage], done: Callable[[Coordinates], bool] = lambda _: False
     ) -> JudgedBatch:
-        """Judge each message not `done` yet (a replay), bucketing its length; never raises for bad input."""
+        """Judge each message not `done` yet (a replay), bucketing its length; never raises for bad input.
+
+        Raises:
+            TransientScoringError: the host kept breaking a judgement (after retries).
+            SandboxUnavailableError: the sandbox cannot run on this host at all.
+        """
         start = time.perf_counter()
         out = JudgedBatch(coordinates=[m.coordinates for m in messages])
+        decoded: list[tuple[SourceMessage, dict[str, Any], TokenArrays]] = []
         for message in messages:
             if done(message.coordinates):
                 out.skipped += 1
                 continue
             try:
-                record, tokens, verdict = self._judge(message)
+                decoded.append((message, *self._decode(message)))
             except (DecodeError, InvalidRecordError) as exc:
                 out.dead_letters.append(self._letter(message, exc))
-                continue
-            except Exception as exc:
+            except (MemoryError, OSError):
+                raise
+            except Exception as exc:  # a function of the bytes: a replay repeats it
                 log.warning("unexpected %s at %s: %s", type(exc).__name__, message.coordinates, exc)
                 out.dead_letters.append(self._letter(message, exc))
+        verdicts = self.pool.map(lambda item: self._judge(item[1]), decoded)
+        for (message, record, tokens), verdict in zip(decoded, verdicts, strict=True):
+            if isinstance(verdict, InvalidRecordError):
+                out.dead_letters.append(self._letter(message, verdict))
                 continue
+            for index, execution in enumerate(verdict.executions):
+                out.executions.append(
+                    ExecutionRecord(
+                        record["trajectory_id"],
+                        index,
+                        record["domain"],
+                        verdict.verifier,
+                        verdict.verifier_version,
+                        verdict.status,
+                        execution,
+                    )
+                )
+                out.execution_coordinates.append(message.coordinates)
             bucket = self.profile.bucket_of(tokens.length)
             out.samples.append(
                 Sample(message.coordinates, record, tokens, verdict, bucket, len(message.value or b""))
@@ -106,57 +155,86 @@ class BatchProcessor:
         return out
 
     def process(self, messages: Sequence[SourceMessage]) -> ProcessedBatch:
-        """Turn a batch into rows and dead letters; never raises for bad input."""
-        out = ProcessedBatch()
-        judged: list[tuple[Coordinates, dict[str, Any], TokenArrays, Verdict]] = []
-        for message in messages:
-            try:
-                judged.append((message.coordinates, *self._judge(message)))
-            except (DecodeError, InvalidRecordError) as exc:
-                out.dead_letters.append(self._letter(message, exc))
-            except Exception as exc:
-                log.warning("unexpected %s at %s: %s", type(exc).__name__, message.coordinates, exc)
-                out.dead_letters.append(self._letter(message, exc))
-        if not judged:
-            return out
-        rewards = [verdict.reward for _, _, _, verdict in judged]
-        advantages = group_advantages(
-            [record["group_id"] for _, record, _, _ in judged], rewards, [v.status for _, _, _, v in judged]
+        """Judge a batch and normalize advantages within it alone (benchmarks, tests of the sink)."""
+        judged = self.judge(messages)
+        out = ProcessedBatch(
+            dead_letters=judged.dead_letters,
+            executions=judged.executions,
+            execution_coordinates=judged.execution_coordinates,
         )
-        buckets = self.profile.bucket_names([tokens.length for _, _, tokens, _ in judged])
-        for i, (coordinates, record, tokens, verdict) in enumerate(judged):
+        if not judged.samples:
+            return out
+        samples = judged.samples
+        advantages = group_advantages(
+            [str(s.record["group_id"]) for s in samples],
+            [s.verdict.reward for s in samples],
+            [s.verdict.status for s in samples],
+        )
+        for sample, advantage in zip(samples, advantages, strict=True):
             out.rows.append(
                 ScoredTrajectory(
-                    record=record,
-                    tokens=tokens,
-                    verdict=verdict,
-                    bucket=buckets[i],
-                    advantage=float(advantages[i]),
+                    record=sample.record,
+                    tokens=sample.tokens,
+                    verdict=sample.verdict,
+                    bucket=sample.bucket,
+                    advantage=float(advantage),
                     domain_reward=0.0,
                     group_status="batch",
                 )
             )
-            out.coordinates.append(coordinates)
+            out.coordinates.append(sample.coordinates)
         return out
 
-    def _judge(self, message: SourceMessage) -> tuple[dict[str, Any], TokenArrays, Verdict]:
+    def _decode(self, message: SourceMessage) -> tuple[dict[str, Any], TokenArrays]:
         if message.value is None:
             raise InvalidRecordError(
                 "message has no value (a tombstone): rollouts.raw carries only trajectories"
             )
         record = self.codec.decode(message.value)
-        tokens = validate(record)
-        verifier = self.verifiers[record["task_type"]]
-        try:
-            verdict = verifier.verify(record)
-        except InvalidRecordError:
-            raise
-        except Exception as exc:
-            log.warning("verifier %s failed on %s: %r", verifier.name, record["trajectory_id"], exc)
-            verdict = Verdict(0.0, "error", verifier.name, f"{type(exc).__name__}: {exc}"[:500])
-        if not math.isfinite(verdict.reward):
-            verdict = Verdict(0.0, "error", verifier.name, f"verifier returned reward={verdict.reward!r}")
-        return record, tokens, verdict
+        return record, validate(record)
+
+    def _judge(self, record: dict[str, Any]) -> Verdict | InvalidRecordError:
+        """The verdict, or the input error that makes the record a dead letter.
+
+        Raises:
+            TransientScoringError: the host kept breaking the judgement (after retries).
+            SandboxUnavailableError: the sandbox cannot run on this host at all.
+        """
+        delay = self.retry_backoff_s
+        verifier: Verifier | None = None
+        for attempt in range(self.transient_retries + 1):
+            try:
+                verifier, _ = self.verifiers.lookup(record)
+                verdict = self.verifiers.judge(record)
+            except InvalidRecordError as exc:
+                return exc
+            except SandboxUnavailableError:
+                raise
+            except (SandboxHostError, MemoryError, OSError) as exc:
+                if attempt == self.transient_retries:
+                    raise TransientScoringError(
+                        f"judging {record['trajectory_id']!r} ({record['domain']}) failed "
+                        f"{attempt + 1} times for the host's reasons, last: {type(exc).__name__}: {exc}. "
+                        "Stopping without acking; fix the host (memory, user namespaces, cgroups) and restart"
+                    ) from exc
+                log.warning(
+                    "transient failure judging %s (attempt %d): %s", record["trajectory_id"], attempt + 1, exc
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            except Exception as exc:
+                log.warning("verifier failed on %s: %r", record["trajectory_id"], exc)
+                name, version = (verifier.name, verifier.version) if verifier else ("unknown", "")
+                return Verdict(0.0, "error", name, f"{type(exc).__name__}: {exc}"[:500], version)
+            if not math.isfinite(verdict.reward):
+                assert verifier is not None
+                return Verdict(
+                    0.0, "error", verifier.name, f"verifier returned reward={verdict.reward!r}",
+                    verifier.version, {}, verdict.executions,
+                )  # fmt: skip
+            return verdict
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _letter(message: SourceMessage, exc: BaseException) -> DeadLetter:

@@ -6,15 +6,18 @@ sink thread; after each it acks, per partition, the messages below `safe_offsets
 committed offset never passes a message whose row or dead letter is not yet stored.
 
 Steps of `accept`:
-  1. send and append the batch's dead letters (their own table, exactly once per offset), before
-     any commit of rows could record their offsets as decided;
+  1. append the batch's sandbox executions (the executions table, exactly once per offset by its
+     own txn versions), then send and append its dead letters (likewise), before any commit of
+     rows could record their offsets as decided;
   2. buffer each sample in its group (groups.py); a decided group gets its advantages
      (advantages.py), updates its owner partition's domain statistics, and its rows join the
      outbox;
   3. release the groups the timeout rule decides;
   4. commit the outbox when it holds `commit_bytes` or is `commit_interval_s` old: the rows, the
      txn versions and the state (state.py) in one Delta commit.
-A failing write is retried with backoff (`write_retries` times). See docs/stream.md for recovery.
+A failing write is retried with backoff (`write_retries` times). A failure of the host while
+judging (TransientScoringError, raised by the processor) propagates: the worker stops unacked.
+See docs/operations.md for recovery.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink, trajectories_table
 from stream_processors.domain_stats import RunningStats, standardize
 from stream_processors.exceptions import SinkError, StreamProcessorError
+from stream_processors.executions import ExecutionLog
 from stream_processors.groups import DecidedGroup, GroupBuffer
 from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
@@ -52,6 +56,7 @@ class BatchStats:
     dead_letters_skipped: int
     seconds: float
     process_seconds: float = 0.0
+    executions_written: int = 0
 
 
 class TopicIdMismatchError(StreamProcessorError):
@@ -65,6 +70,7 @@ class Stage:
         processor: judges messages (decode, validate, verify, bucket).
         sink: the trajectories table.
         dead_letters: the dead-letter topic and table.
+        executions: the audit table of sandbox executions; None records none.
         normalization: how group advantages are computed.
         groups: the pending-group buffer (its timeouts).
         decay, warmup: domain statistics settings (domain_stats.py).
@@ -81,6 +87,7 @@ class Stage:
         sink: DeltaSink,
         dead_letters: DeadLetters,
         *,
+        executions: ExecutionLog | None = None,
         normalization: GroupNormalization | None = None,
         groups: GroupBuffer | None = None,
         decay: float = 1.0,
@@ -94,6 +101,7 @@ class Stage:
         self.processor = processor
         self.sink = sink
         self.dead_letters = dead_letters
+        self.executions = executions
         self.normalization = normalization if normalization is not None else GroupNormalization()
         self.groups = groups if groups is not None else GroupBuffer()
         self.state = SinkState(sink.table.app_id, decay=decay, warmup=warmup)
@@ -152,6 +160,12 @@ class Stage:
             unknown = {(c.topic, c.partition) for c in batch.coordinates} - set(self.state.partitions)
             if unknown:
                 self.state.load(self.sink.table, unknown)
+            executions = 0
+            if self.executions is not None and batch.executions:
+                audit = self.executions
+                executions = self._retrying(
+                    "executions", lambda: audit.write(batch.executions, batch.execution_coordinates)
+                )
             letters = self._retrying("dead_letters", lambda: self.dead_letters.write(batch.dead_letters))
             skipped = batch.skipped
             for sample in batch.samples:
@@ -176,6 +190,7 @@ class Stage:
                 dead_letters_skipped=len(batch.dead_letters) - letters,
                 seconds=time.perf_counter() - start + batch.seconds,
                 process_seconds=batch.seconds,
+                executions_written=executions,
             )
 
     def tick(self, now: float | None = None, *, caught_up: bool = False) -> int:

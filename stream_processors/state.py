@@ -24,7 +24,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
+from schemas.tables import DEAD_LETTERS_SCHEMA, EXECUTIONS_SCHEMA, TRAJECTORIES_SCHEMA
 from stream_processors.domain_stats import DomainStats, RunningStats, merge
 from stream_processors.offsets import Coordinates, TopicPartition, TxnTable
 
@@ -209,12 +209,14 @@ def reset_topic(
     partitions: int,
     topic_id: str,
     profile_id: str,
+    executions: TxnTable | None = None,
 ) -> int:
     """Start `topic` afresh for this app id (after it was recreated): offsets 0, the new topic id.
 
     Writes one commit without rows to each table: the trajectories table's state with the topic's
     partitions at next 0 and no holes (domain statistics kept), txn versions -1 in both. Returns
-    the trajectories table's new version.
+    the trajectories table's new version. The executions table, when given and present, gets txn
+    versions -1 too.
     """
     state = SinkState(table.app_id)
     dt = table.refresh()
@@ -239,4 +241,6 @@ def reset_topic(
         TRAJECTORIES_SCHEMA.empty_table(), versions, state.metadata(profile_id), expected_version=None
     )
     dead_letters.commit(DEAD_LETTERS_SCHEMA.empty_table(), versions, {}, expected_version=None)
+    if executions is not None and executions.refresh() is not None:
+        executions.commit(EXECUTIONS_SCHEMA.empty_table(), versions, {}, expected_version=None)
     return version

@@ -123,7 +123,9 @@ def _check(record) -> float:
     except ValueError:
         return 0.0
     gold = record["gold_fields"]
-    return sum(answer.get(k) == v for k, v in gold.items()) / len(gold)
+    right = sum(answer.get(k) == v for k, v in gold.items())
+    precision, recall = (right / len(answer) if answer else 0.0), right / len(gold)
+    return 2 * precision * recall / (precision + recall) if right else 0.0
 
 
 def test_synthetic_scores_are_what_a_verifier_would_give(records):

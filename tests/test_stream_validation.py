@@ -37,7 +37,7 @@ def make_record(**changes):
         "group_id": "g-1",
         "sample_index": 0,
         "group_size": 2,
-        "domain": "math/algebra",
+        "domain": "math/algebra-001",
         "task_type": "math",
         "policy_version": 3,
         "prompt_tokens": pack_int32([1, 2, 3]),
@@ -146,7 +146,9 @@ def test_batch_processor_scores_buckets_and_dead_letters():
     good = [
         make_record(sample_index=0, response_text="\\boxed{4}"),
         make_record(sample_index=1, response_text="\\boxed{5}", prompt_tokens=pack_int32(np.arange(600))),
-        make_record(group_id="g-2", group_size=1, task_type="code", unit_tests="assert False"),
+        make_record(
+            group_id="g-2", group_size=1, domain="code/clamp-000", task_type="code", unit_tests="assert False"
+        ),
     ]
     values = [codec.encode(r) for r in good]
     values += [b"junk", codec.encode(make_record(task_type="poetry")), None]
@@ -155,7 +157,7 @@ def test_batch_processor_scores_buckets_and_dead_letters():
     assert [r.record["trajectory_id"] for r in out.rows] == [r["trajectory_id"] for r in good]
     assert [c.offset for c in out.coordinates] == [10, 11, 12]
     assert [r.verdict.reward for r in out.rows] == [1.0, 0.0, 0.0]
-    assert [r.verdict.status for r in out.rows] == ["ok", "fail", "skipped"]
+    assert [r.verdict.status for r in out.rows] == ["ok", "fail", "fail"]  # code runs in the sandbox
     assert [r.bucket for r in out.rows] == load_profile().bucket_names([r.length for r in out.rows])
     assert [r.length for r in out.rows] == [5, 602, 5]
     assert out.rows[0].advantage > 0 > out.rows[1].advantage

@@ -56,7 +56,7 @@ def malformed(codec: TrajectoryCodec, good: dict) -> list[tuple[str, bytes]]:
         ("DecodeError", valid + b"\x00\x01"),
         ("PackedBufferError", variant(response_tokens=b"\x01\x00\x00\x00\x02\x00\x00")),
         ("LengthMismatchError", variant(response_logprobs=pack_float32([-0.5]))),
-        ("NonFiniteValueError", variant(task_type="precomputed", precomputed_reward=math.nan)),
+        ("NonFiniteValueError", variant(precomputed_reward=math.nan)),
         (
             "NonFiniteValueError",
             variant(response_tokens=pack_int32([1, 2]), response_logprobs=pack_float32([-1.0, math.inf])),
@@ -65,7 +65,9 @@ def malformed(codec: TrajectoryCodec, good: dict) -> list[tuple[str, bytes]]:
         ("TokenIdError", variant(prompt_tokens=pack_int32([5, -1, 7]))),
         ("UnknownTaskTypeError", variant(task_type="poetry")),
         ("EmptyIdError", variant(trajectory_id="")),
-        ("VerifierInputError", variant(task_type="math", expected_answer=None)),
+        ("VerifierInputError", variant(precomputed_reward=None)),
+        ("DomainMismatchError", variant(task_type="math", expected_answer="1")),
+        ("UnknownDomainError", variant(domain="precomputed/not-registered-999")),
     ]
 
 
@@ -77,7 +79,7 @@ def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic,
     group1, group2 = group_name("stream-e2e-g1"), group_name("stream-e2e-g2")
     codec = TrajectoryCodec()
     records = list(SyntheticFleet(seed=7, group_size=4).trajectories(VALID))
-    bad = malformed(codec, records[0])
+    bad = malformed(codec, next(r for r in records if r["task_type"] == "precomputed"))
     messages: list[tuple[bytes | None, bytes]] = [(r["group_id"].encode(), codec.encode(r)) for r in records]
     for i, (_, value) in enumerate(bad):
         messages.insert(37 * (i + 1), (f"bad-{i}".encode(), value))
@@ -130,17 +132,17 @@ def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic,
     for row in rows.select("trajectory_id", "partition", "offset").iter_rows():
         assert codec.decode(sent[(row[1], row[2])])["trajectory_id"] == row[0]
 
-    # Rewards agree with the fleet's ground truth; code is skipped, never executed.
+    # Rewards agree with the fleet's ground truth.
     for tid, task, reward, status, length, bucket in rows.select(
         "trajectory_id", "task_type", "reward", "verifier_status", "length", "bucket"
     ).iter_rows():
         record = by_id[tid]
         assert length == (len(record["prompt_tokens"]) + len(record["response_tokens"])) // 4
         assert bucket == load_profile().bucket_of(length)
+        # code included: executed in the sandbox, its pass rate is the fleet's label
+        assert reward == pytest.approx(float(record["metadata"]["synthetic_score"]), abs=1e-5)
         if task == "code":
-            assert status == "skipped" and reward == 0.0
-        else:
-            assert reward == pytest.approx(float(record["metadata"]["synthetic_score"]), abs=1e-5)
+            assert status == ("ok" if reward == 1.0 else "fail")
     sample = rows.filter(pl.col("trajectory_id") == records[5]["trajectory_id"]).row(0, named=True)
     assert sample["response_tokens"] == np.frombuffer(records[5]["response_tokens"], "<i4").tolist()
     assert sample["response_logprobs"] == pytest.approx(
@@ -202,6 +204,7 @@ def offsets_never_ahead_of_delta(bootstrap_servers: str, group: str, raw: str, t
         assert offset < 0 or (stored is not None and offset <= stored + 1), (part, offset, stored)
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_worker_stopped_mid_stream_resumes_exactly_once(
     bootstrap_servers, make_topic, group_name, tmp_path, stop_signal
@@ -244,7 +247,8 @@ def test_worker_stopped_mid_stream_resumes_exactly_once(
     log2 = tmp_path / "worker2.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, restart_group, log2)
     try:
-        wait_for(lambda: table_rows(traj_uri) >= len(records), 120, proc, log2, "all rows")
+        # 400 s: the restart judges all 5,000 again, about 1,500 code runs in the sandbox
+        wait_for(lambda: table_rows(traj_uri) >= len(records), 400, proc, log2, "all rows")
         wait_for(
             partial(group_caught_up, bootstrap_servers, restart_group, raw, RAW_PARTITIONS),
             60,
@@ -258,6 +262,10 @@ def test_worker_stopped_mid_stream_resumes_exactly_once(
     offsets_never_ahead_of_delta(bootstrap_servers, restart_group, raw, traj_uri, app_id)
     ids = pl.read_delta(str(traj_uri))["trajectory_id"]
     assert ids.len() == len(records) and set(ids) == {r["trajectory_id"] for r in records}
+    # One execution record per code trajectory: none lost, none doubled by the replay.
+    executions = pl.read_delta(str(lake / "executions"))
+    code_ids = {r["trajectory_id"] for r in records if r["task_type"] == "code"}
+    assert executions.height == len(code_ids) and set(executions["trajectory_id"]) == code_ids
     print(
         f"\n{stop_signal.name}: {written} of {len(before)} rows before the stop, the rest after the restart"
     )

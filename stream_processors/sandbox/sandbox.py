@@ -1,0 +1,431 @@
+"""Run untrusted code in bubblewrap with limits, and report what happened (never run it bare).
+
+One `Sandbox.run` is one execution: the task's files are written to a fresh host directory
+(bound read-only at /task), bwrap starts in a new session with the rlimits set and inside its
+own pids cgroup, stdout and stderr are read with a cap, and the whole tree is killed at the wall
+deadline. The result says how it ended; an ending caused by the host (bwrap did not start, the
+OOM killer) raises `SandboxHostError` instead, since it says nothing about the code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from stream_processors.sandbox.bwrap import ENV_DIR, TASK_DIR, bwrap_argv, bwrap_binary, interpreter
+from stream_processors.sandbox.environments import Environment
+from stream_processors.sandbox.exceptions import SandboxHostError, SandboxUnavailableError
+from stream_processors.sandbox.limits import Limits, apply_rlimits
+from stream_processors.sandbox.pids import PidsCgroup, pids_root
+
+Outcome = Literal["exited", "timeout", "cpu_limit", "memory_limit", "process_limit", "file_limit", "signaled"]
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """What one sandboxed run did.
+
+    Attributes:
+        outcome: "exited" (the code ended on its own), "timeout" (wall clock), "cpu_limit",
+            "memory_limit", "process_limit", "file_limit", or "signaled" (killed by a signal it
+            or its code raised).
+        exit_code: the exit status, or None when a signal ended it.
+        signal: the signal number that ended it, or None.
+        stdout: up to `Limits.output_bytes` of standard output, decoded leniently.
+        stderr: the same for standard error.
+        stdout_bytes: how much standard output there was in all (kept or not).
+        stderr_bytes: the same for standard error.
+        cpu_s: user + system CPU seconds of the tree (the processes bwrap reaped).
+        wall_s: wall-clock seconds from start to exit.
+        peak_memory_bytes: largest resident set of a process of the tree.
+        limits: the limits it ran under.
+        environment_id: the content id of the environment bound at /env.
+    """
+
+    outcome: Outcome
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    cpu_s: float
+    wall_s: float
+    peak_memory_bytes: int
+    limits: Limits
+    environment_id: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Exited with status 0."""
+        return self.outcome == "exited" and self.exit_code == 0
+
+
+def _oom_kills() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    return 0
+
+
+_SAMPLE_MS = 20
+
+
+class _Usage:
+    """CPU and peak memory of a process tree, sampled (wait4 cannot see through bwrap's pid 1)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[int, float] = {}
+        self.peak_rss = 0
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
+
+    def sample(self, pids: list[int]) -> None:
+        total_rss = 0
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    total_rss += proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            self.cpu[pid] = times.user + times.system
+        self.peak_rss = max(self.peak_rss, total_rss)
+
+
+class _Capped:
+    """Keeps the first and the last `cap` / 2 bytes of a stream and counts all of it."""
+
+    def __init__(self, cap: int) -> None:
+        self.half = max(1, cap // 2)
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk[-self.half :]
+            del self.tail[: -self.half]
+
+    def text(self) -> str:
+        omitted = self.total - len(self.head) - len(self.tail)
+        middle = f"\n[... {omitted} bytes omitted ...]\n".encode() if omitted else b""
+        return bytes(self.head + middle + self.tail).decode("utf-8", errors="replace")
+
+
+class Sandbox:
+    """Runs commands under bubblewrap; thread-safe, one process tree per `run`.
+
+    Args:
+        work_root: host directory holding each execution's task directory (removed afterwards).
+        limits: default limits; `run` may pass others.
+        min_free_memory_bytes: below this much available host memory an execution does not
+            start (SandboxHostError), so a short host never turns into a failed verdict.
+    """
+
+    def __init__(
+        self,
+        work_root: Path | str | None = None,
+        *,
+        limits: Limits | None = None,
+        min_free_memory_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.work_root = Path(work_root or Path(tempfile.gettempdir()) / "rollstream-sandbox")
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        self.limits = limits or Limits()
+        self.min_free_memory_bytes = min_free_memory_bytes
+        self.binary = bwrap_binary()
+        self.python, self.python_prefix = interpreter()
+        shared = pids_root()
+        _remove_stale(shared, self.work_root)
+        self.cgroups = shared / f"worker-{os.getpid()}"
+        self.cgroups.mkdir(exist_ok=True)
+
+    def check(self) -> Execution:
+        """Run ``python -c pass`` in the sandbox once; raises SandboxUnavailableError naming the cause."""
+        try:
+            result = self.run(["python3", "-c", "pass"])
+        except SandboxHostError as exc:
+            raise SandboxUnavailableError(
+                f"the sandbox cannot start on this host: {exc}. Check that user namespaces are "
+                "enabled (sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 "
+                "on Debian) and that the worker may create cgroups; see docs/sandbox.md"
+            ) from exc
+        if not result.ok:
+            raise SandboxUnavailableError(
+                f"the sandbox started but `python -c pass` ended {result.outcome} with exit "
+                f"{result.exit_code}: {result.stderr[-500:]!r}; see docs/sandbox.md"
+            )
+        return result
+
+    def run(
+        self,
+        command: list[str],
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        environment: Environment | None = None,
+        limits: Limits | None = None,
+        stdin: bytes = b"",
+    ) -> Execution:
+        """Run `command` (``python3`` means the sandbox's interpreter) with `files` under /task.
+
+        Raises:
+            SandboxHostError: the run ended for the host's reasons; retry it.
+        """
+        limits = limits or self.limits
+        available = psutil.virtual_memory().available
+        if available < self.min_free_memory_bytes:
+            raise SandboxHostError(
+                f"host has {available >> 20} MiB available, below the {self.min_free_memory_bytes >> 20} "
+                "MiB an execution needs to start; retry when memory is free"
+            )
+        run_id = f"{os.getpid()}-{uuid.uuid4().hex}"
+        task_dir = self.work_root / run_id
+        task_dir.mkdir(mode=0o755)
+        try:
+            for name, content in (files or {}).items():
+                target = task_dir / name
+                if target.parent != task_dir:
+                    raise ValueError(f"file name {name!r} must be a plain name")
+                target.write_bytes(content.encode() if isinstance(content, str) else content)
+            return self._run(command, task_dir, run_id, environment, limits, stdin)
+        finally:
+            shutil.rmtree(task_dir, ignore_errors=True)
+
+    def _run(
+        self,
+        command: list[str],
+        task_dir: Path,
+        run_id: str,
+        environment: Environment | None,
+        limits: Limits,
+        stdin: bytes,
+    ) -> Execution:
+        argv_command = [self.python if c == "python3" and i == 0 else c for i, c in enumerate(command)]
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+        if environment is not None:
+            env["PYTHONPATH"] = ENV_DIR
+        env["TASK_DIR"] = TASK_DIR
+        status_read, status_write = os.pipe()
+        try:
+            cgroup = PidsCgroup(self.cgroups, run_id, limits.processes)
+        except OSError as exc:
+            os.close(status_read)
+            os.close(status_write)
+            raise SandboxHostError(f"cannot create the pids cgroup of an execution: {exc}") from exc
+        argv = bwrap_argv(
+            self.binary,
+            task_dir=task_dir,
+            env_dir=environment.path if environment is not None else None,
+            limits=limits,
+            python_prefix=self.python_prefix,
+            command=argv_command,
+            env=env,
+            status_fd=status_write,
+        )
+
+        def preexec() -> None:  # between fork and exec: no imports, no locks
+            cgroup.join()
+            apply_rlimits(limits)
+
+        oom_before = _oom_kills()
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_write,),
+                env={},  # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1
+                start_new_session=True,
+                preexec_fn=preexec,
+                close_fds=True,
+            )
+        except OSError as exc:
+            os.close(status_read)
+            os.close(status_write)
+            cgroup.destroy()
+            raise SandboxHostError(f"cannot start bwrap ({self.binary}): {exc}") from exc
+        os.close(status_write)
+        try:
+            return self._watch(proc, cgroup, limits, status_read, start, oom_before, stdin, environment)
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+            os.close(status_read)
+            if proc.returncode is None:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(proc.pid, 0)
+                proc.returncode = -9
+            cgroup.destroy()
+
+    def _watch(
+        self,
+        proc: subprocess.Popen[bytes],
+        cgroup: PidsCgroup,
+        limits: Limits,
+        status_fd: int,
+        start: float,
+        oom_before: int,
+        stdin: bytes,
+        environment: Environment | None,
+    ) -> Execution:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        with contextlib.suppress(BrokenPipeError, OSError):
+            if stdin:
+                proc.stdin.write(stdin)
+            proc.stdin.close()
+        out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)
+        streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        status = bytearray()
+        pidfd = os.pidfd_open(proc.pid)
+        poller = select.poll()
+        for fd in (*streams, status_fd, pidfd):
+            poller.register(fd, select.POLLIN)
+        deadline = start + limits.wall_s
+        usage = _Usage()
+        timed_out = False
+        exited = False
+        try:
+            while not exited or streams:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 and not timed_out:
+                    timed_out = True
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    for pid in cgroup.pids():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                wait_ms = 50 if timed_out else max(1, min(_SAMPLE_MS, int(remaining * 1000) + 1))
+                if not exited and not timed_out:
+                    usage.sample(cgroup.pids())
+                for fd, _ in poller.poll(wait_ms):
+                    if fd == pidfd:
+                        exited = True
+                        poller.unregister(pidfd)
+                        continue
+                    chunk = os.read(fd, 1 << 16)
+                    if fd == status_fd:
+                        if chunk:
+                            status += chunk
+                        else:
+                            poller.unregister(fd)
+                    elif chunk:
+                        streams[fd].feed(chunk)
+                    else:
+                        poller.unregister(fd)
+                        del streams[fd]
+                if exited and timed_out:
+                    break
+        finally:
+            os.close(pidfd)
+        _, wait_status, rusage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(wait_status)
+        wall = time.monotonic() - start
+        with contextlib.suppress(OSError):
+            while chunk := os.read(status_fd, 1 << 16):
+                status += chunk
+        reports = _status_objects(bytes(status))
+        if not any("child-pid" in r for r in reports) and not timed_out:
+            raise SandboxHostError(
+                f"bwrap did not start the sandbox (exit {proc.returncode}): {err.text()[-500:].strip()!r}"
+            )
+        exit_status = next((r["exit-code"] for r in reports if "exit-code" in r), proc.returncode)
+        code: int | None = exit_status
+        sig: int | None = None
+        if exit_status is not None and exit_status > 128:
+            sig, code = exit_status - 128, None
+        cpu = max(usage.cpu_s, rusage.ru_utime + rusage.ru_stime)
+        outcome: Outcome = "exited" if sig is None else "signaled"
+        if timed_out:
+            outcome, sig, code = "timeout", None, None
+        elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s):
+            outcome = "cpu_limit"
+        elif sig == signal.SIGXFSZ:
+            outcome = "file_limit"
+        elif sig == signal.SIGKILL and _oom_kills() > oom_before:
+            raise SandboxHostError(
+                "the kernel's OOM killer ended an execution (host short of memory); retry later"
+            )
+        elif cgroup.limit_hits() > 0:
+            outcome = "process_limit"
+        elif code not in (0, None) and "MemoryError" in err.text()[-2000:]:
+            outcome = "memory_limit"
+        return Execution(
+            outcome=outcome,
+            exit_code=code,
+            signal=sig,
+            stdout=out.text(),
+            stderr=err.text(),
+            stdout_bytes=out.total,
+            stderr_bytes=err.total,
+            cpu_s=cpu,
+            wall_s=wall,
+            peak_memory_bytes=usage.peak_rss,
+            limits=limits,
+            environment_id=environment.id if environment is not None else "",
+        )
+
+
+def _alive(pid: str) -> bool:
+    return pid.isdigit() and psutil.pid_exists(int(pid))
+
+
+def _remove_stale(cgroups: Path, work_root: Path) -> None:
+    """Remove what workers that died (SIGKILL) left: their empty cgroups and task directories."""
+    for worker in cgroups.glob("worker-*"):
+        if _alive(worker.name.removeprefix("worker-")):
+            continue
+        for run in worker.iterdir():
+            if run.is_dir():
+                with contextlib.suppress(OSError):
+                    PidsCgroup.existing(run).destroy(timeout_s=1.0)
+        with contextlib.suppress(OSError):
+            worker.rmdir()
+    for task_dir in work_root.iterdir():
+        if not _alive(task_dir.name.partition("-")[0]):
+            shutil.rmtree(task_dir, ignore_errors=True)
+
+
+def _status_objects(raw: bytes) -> list[dict[str, int]]:
+    """bwrap's --json-status-fd output: JSON objects, one after another."""
+    decoder, text, out, i = json.JSONDecoder(), raw.decode(errors="replace"), [], 0
+    while i < len(text):
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except ValueError:
+            break
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out

@@ -1,0 +1,178 @@
+"""Escape attempts against the sandbox: each ends with a verdict and the host unchanged.
+
+Host unchanged means: no new file outside the sandbox's work directory (the code under test
+names every file it tries to write with MARKER; /tmp, the home directory and the working
+directory are searched for it, since other jobs on this machine write to /tmp meanwhile), the
+work directory and the cgroups left empty, no child process left, and nothing reached a
+listener this test opened on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stream_processors.sandbox import Limits, Sandbox, SandboxHostError
+from stream_processors.verifiers import CodeTestsVerifier
+
+pytestmark = pytest.mark.timeout(120)
+
+WATCHED = [Path("/tmp"), Path.home(), Path.cwd()]
+MARKER = f"rollstream-escape-{os.getpid()}"
+
+
+def _marked() -> set[Path]:
+    return {p for root in WATCHED for p in root.glob(f"*{MARKER}*")}
+
+
+class Listener:
+    """A TCP listener on 127.0.0.1 that records any connection."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.hits = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+                self.hits += 1
+                conn.close()
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture(name="sandbox", scope="module")
+def sandbox_fixture(tmp_path_factory) -> Sandbox:
+    sandbox = Sandbox(tmp_path_factory.mktemp("sandbox-work"), limits=Limits(cpu_s=3, wall_s=5.0))
+    sandbox.check()
+    return sandbox
+
+
+@pytest.fixture(name="host")
+def host_fixture(sandbox, monkeypatch):
+    """Yields the listener's port; afterwards asserts the host is unchanged."""
+    monkeypatch.setenv("ROLLSTREAM_TEST_SECRET", "hunter2-do-not-leak")
+    before = _marked()
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    listener = Listener()
+    yield listener
+    listener.close()
+    assert listener.hits == 0, "the sandbox reached a listener on 127.0.0.1"
+    new = _marked() - before
+    assert not new, f"files appeared outside the sandbox dir: {new}"
+    assert list(sandbox.work_root.iterdir()) == [], "an execution's task directory was left behind"
+    assert [p.name for p in sandbox.cgroups.iterdir() if p.is_dir()] == [], "a pids cgroup was left"
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - children_before
+    assert not left, f"processes left behind: {left}"
+
+
+def verdict(sandbox: Sandbox, code: str, limits: Limits | None = None):
+    verifier = CodeTestsVerifier(sandbox, limits=limits or sandbox.limits)
+    return verifier.verify(
+        {"trajectory_id": "t", "response_text": code, "unit_tests": "def test_it():\n    assert ok()\n"}
+    )
+
+
+OK = "\ndef ok():\n    return True\n"
+
+
+def test_an_infinite_loop_times_out(sandbox, host):
+    v = verdict(sandbox, "while True:\n    pass\n", Limits(cpu_s=30, wall_s=1.5))
+    assert v.status == "timeout" and v.reward == 0.0 and "wall-clock" in v.detail
+    assert 1.4 < v.executions[0].wall_s < 5
+
+
+def test_a_cpu_spin_hits_the_cpu_limit(sandbox, host):
+    v = verdict(sandbox, "while True:\n    pass\n", Limits(cpu_s=1, wall_s=10))
+    assert v.status == "timeout" and "CPU limit" in v.detail
+
+
+def test_a_memory_bomb_is_an_error_naming_memory(sandbox, host):
+    v = verdict(sandbox, "x = []\nwhile True:\n    x.append(bytearray(50 * 2**20))\n")
+    assert v.status == "error" and v.reward == 0.0 and "memory limit" in v.detail
+
+
+def test_a_fork_bomb_is_an_error_naming_the_process_limit(sandbox, host):
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    v = verdict(sandbox, code, Limits(cpu_s=2, wall_s=3, processes=16))
+    assert v.status in ("error", "timeout") and v.reward == 0.0
+    assert v.executions[0].outcome in ("process_limit", "timeout")
+    assert "process limit" in v.detail or "limit" in v.detail
+
+
+def test_a_connection_to_the_hosts_listener_fails(sandbox, host):
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {host.port}), timeout=2)\n" + OK
+    v = verdict(sandbox, code)
+    assert (v.status == "fail" and "ConnectionRefusedError" in v.detail) or "OSError" in v.detail
+
+
+def test_writes_to_tmp_and_home_never_reach_the_host(sandbox, host):
+    marker = MARKER
+    code = (
+        f"import os\nopen('/tmp/{marker}', 'w').write('x')\nopen('/work/{marker}', 'w').write('x')\n"
+        f"for home in ('/root', os.path.expanduser('~'), '{Path.home()}'):\n"
+        f"    try:\n        open(home + '/{marker}', 'w').write('x')\n    except OSError:\n        pass\n"
+        + OK
+    )
+    v = verdict(sandbox, code)
+    assert v.status == "ok"
+    assert not (Path("/tmp") / marker).exists() and not (Path.home() / marker).exists()
+
+
+def test_secrets_shadow_and_other_processes_are_invisible(sandbox, host):
+    code = (
+        "import os\n"
+        "def ok():\n"
+        "    assert 'ROLLSTREAM_TEST_SECRET' not in os.environ, 'env'\n"
+        "    try:\n        open('/etc/shadow').read()\n        return False\n    except OSError:\n        pass\n"
+        "    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "    assert len(pids) <= 3, pids\n"
+        "    for p in pids:\n        assert b'hunter2' not in open(f'/proc/{p}/environ', 'rb').read(), p\n"
+        f"    assert not os.path.exists('/proc/{os.getpid()}/environ') or {os.getpid()} < 4\n"
+        "    return True\n"
+    )
+    v = verdict(sandbox, code)
+    assert v.status == "ok", v.detail
+
+
+def test_killing_the_workers_pid_does_nothing(sandbox, host):
+    code = (
+        f"import os, signal\ntry:\n    os.kill({os.getpid()}, signal.SIGKILL)\nexcept OSError:\n    pass\n"
+        + OK
+    )
+    v = verdict(sandbox, code)
+    assert v.status == "ok"  # and we are still alive to check it
+
+
+def test_100_mb_of_output_is_capped(sandbox, host):
+    code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 2**20)\n" + OK
+    v = verdict(sandbox, code)
+    execution = v.executions[0]
+    assert v.status == "ok"
+    assert execution.stdout_bytes >= 100 * 2**20
+    assert len(execution.stdout) <= execution.limits.output_bytes + 64  # head, tail, "[... omitted ...]"
+
+
+def test_the_sandbox_start_failure_is_a_host_error_never_a_verdict(tmp_path, host):
+    broken = Sandbox(tmp_path / "work")
+    broken.binary = "/bin/false"
+    with pytest.raises(SandboxHostError, match="bwrap did not start"):
+        broken.run(["python3", "-c", "pass"])

