@@ -113,15 +113,15 @@ def test_a_memory_bomb_is_an_error_naming_memory(sandbox, host):
 def test_a_fork_bomb_is_an_error_naming_the_process_limit(sandbox, host):
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     v = verdict(sandbox, code, Limits(cpu_s=2, wall_s=3, processes=16))
-    assert v.status in ("error", "timeout") and v.reward == 0.0
-    assert v.executions[0].outcome in ("process_limit", "timeout")
-    assert "process limit" in v.detail or "limit" in v.detail
+    assert v.status == "error" and v.reward == 0.0
+    assert v.executions[0].outcome == "process_limit" and "process limit of 16" in v.detail
 
 
 def test_a_connection_to_the_hosts_listener_fails(sandbox, host):
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {host.port}), timeout=2)\n" + OK
     v = verdict(sandbox, code)
-    assert (v.status == "fail" and "ConnectionRefusedError" in v.detail) or "OSError" in v.detail
+    assert v.status == "fail" and v.reward == 0.0
+    assert "ConnectionRefusedError" in v.detail or "Network is unreachable" in v.detail, v.detail
 
 
 def test_writes_to_tmp_and_home_never_reach_the_host(sandbox, host):

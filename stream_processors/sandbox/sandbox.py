@@ -365,17 +365,19 @@ class Sandbox:
         cpu = max(usage.cpu_s, rusage.ru_utime + rusage.ru_stime)
         outcome: Outcome = "exited" if sig is None else "signaled"
         if timed_out:
-            outcome, sig, code = "timeout", None, None
+            sig, code = None, None
+        elif sig == signal.SIGKILL and cpu < limits.cpu_s and _oom_kills() > oom_before:
+            raise SandboxHostError(
+                "the kernel's OOM killer ended an execution (host short of memory); retry later"
+            )
+        if cgroup.limit_hits() > 0:  # a fork bomb, named even when it then ran out the clock
+            outcome = "process_limit"
+        elif timed_out:
+            outcome = "timeout"
         elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s):
             outcome = "cpu_limit"
         elif sig == signal.SIGXFSZ:
             outcome = "file_limit"
-        elif sig == signal.SIGKILL and _oom_kills() > oom_before:
-            raise SandboxHostError(
-                "the kernel's OOM killer ended an execution (host short of memory); retry later"
-            )
-        elif cgroup.limit_hits() > 0:
-            outcome = "process_limit"
         elif code not in (0, None) and "MemoryError" in err.text()[-2000:]:
             outcome = "memory_limit"
         return Execution(
