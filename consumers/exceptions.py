@@ -27,3 +27,19 @@ class PolicyInputError(ConsumerError):
 
 class TrackingError(ConsumerError):
     """The MLflow tracking configuration is unusable."""
+
+
+class TokenRangeError(PolicyInputError):
+    """A stored token id lies outside the configured vocabulary."""
+
+
+class RateLimitTimeout(ConsumerError):
+    """The rate limiter kept the learner waiting longer than its timeout."""
+
+
+class BufferExhausted(ConsumerError):
+    """A bounded read (an end version) is done: no row is left that the samplers may draw."""
+
+
+class CheckpointError(ConsumerError):
+    """A checkpoint cannot be read or does not match this run."""

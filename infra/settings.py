@@ -56,6 +56,9 @@ class Settings:
         dlq_topic: Dead-letter topic. Default ``rollouts.dlq``.
         cache_dir: Per-machine cache; Kafka jars live in ``<cache_dir>/kafka-<version>/libs``.
             Default ``$ROLLSTREAM_CACHE`` or ``~/.cache/rollstream``.
+        profile_path: The inference workload profile file; empty for the shipped default.
+        vocab_size: The learner's vocabulary; token ids outside [0, vocab_size) fail at read time.
+            Default 32768.
     """
 
     state_dir: Path = field(default_factory=_default_state_dir)
@@ -71,6 +74,8 @@ class Settings:
     ultra_topic: str = "rollouts.ultra"
     dlq_topic: str = "rollouts.dlq"
     cache_dir: Path = field(default_factory=_default_cache_dir)
+    profile_path: str = ""
+    vocab_size: int = 32_768
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", self.state_dir.expanduser().resolve())
@@ -116,6 +121,10 @@ class Settings:
                 raise SettingsError(f"{name} = {port} is out of range; pick a port in 1..65535")
         if len(set(ports.values())) != len(ports):
             raise SettingsError(f"ports must differ, got {ports}; give each service its own port")
+        if self.vocab_size < 2:
+            raise SettingsError(
+                f"vocab_size = {self.vocab_size} is too small; give the tokenizer's vocabulary size"
+            )
         if not self.kafka_host:
             raise SettingsError("kafka_host is empty; set it to an address such as 127.0.0.1")
         if not _HEAP.match(self.kafka_heap):
