@@ -113,3 +113,79 @@ def writer_process(
 
 def table_path(tmp: Path) -> str:
     return str(tmp / "lake" / "trajectories")
+
+
+def fast_table(
+    count: int,
+    *,
+    first: int,
+    seed: int,
+    policy_version: int = 0,
+    mean_length: int = 512,
+    vocab: int = 32_768,
+) -> pa.Table:
+    """`count` trainable rows built column-wise with numpy (fast enough for tables of millions of tokens).
+
+    Lengths are lognormal around `mean_length`; buckets follow the shipped profile's edges
+    scaled so that `mean_length` falls in its short bucket's middle.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(mean_length), 0.6, count).astype(np.int64), 4, 8 * mean_length)
+    prompt = np.maximum(lengths // 4, 1)
+    response = lengths - prompt
+    scale = mean_length / 700
+    names = PROFILE.bucket_names((lengths / scale).astype(np.int64))
+
+    def ragged(sizes: np.ndarray, values: np.ndarray) -> pa.Array:
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int32)
+        np.cumsum(sizes, out=offsets[1:])
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+    ids = np.arange(first, first + count)
+    statuses = np.where(ids % 2 == 0, "ok", "fail")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    columns = {
+        "trajectory_id": pa.array([f"t{i:07d}" for i in ids]),
+        "group_id": pa.array([f"g{i // 4}" for i in ids]),
+        "sample_index": pa.array((ids % 4).astype(np.int32)),
+        "group_size": pa.array(np.full(count, 4, dtype=np.int32)),
+        "domain": pa.array(np.asarray(["math/algebra", "code/python", "extraction/invoice"])[ids % 3]),
+        "task_type": pa.array(np.asarray(["math", "code", "extraction"])[ids % 3]),
+        "policy_version": pa.array(np.full(count, policy_version, dtype=np.int64)),
+        "prompt_tokens": ragged(prompt, rng.integers(0, vocab, int(prompt.sum()), dtype=np.int32)),
+        "response_tokens": ragged(response, rng.integers(0, vocab, int(response.sum()), dtype=np.int32)),
+        "response_logprobs": ragged(response, -rng.random(int(response.sum()), dtype=np.float32)),
+        "response_text": pa.array(["42"] * count),
+        "finish_reason": pa.array(["stop"] * count),
+        "worker_id": pa.array(["w0"] * count),
+        "created_at": pa.array([now] * count, type=pa.timestamp("us", tz="UTC")),
+        "metadata": pa.array([[]] * count, type=pa.map_(pa.string(), pa.string())),
+        "reward": pa.array((statuses == "ok").astype(np.float64)),
+        "reward_components": pa.array([[]] * count, type=pa.map_(pa.string(), pa.float64())),
+        "verifier": pa.array(["exact_answer"] * count),
+        "verifier_version": pa.array(["1"] * count),
+        "verifier_status": pa.array(statuses),
+        "domain_reward": pa.array(rng.normal(size=count)),
+        "advantage": pa.array(rng.normal(size=count)),
+        "group_status": pa.array(["complete"] * count),
+        "length": pa.array(lengths.astype(np.int32)),
+        "bucket": pa.array(names),
+        "profile_id": pa.array([PROFILE.id] * count),
+        "ingested_at": pa.array([now] * count, type=pa.timestamp("us", tz="UTC")),
+        "topic": pa.array(["rollouts.raw"] * count),
+        "partition": pa.array((ids % 2).astype(np.int32)),
+        "offset": pa.array(ids.astype(np.int64)),
+    }
+    return pa.Table.from_pydict(columns, schema=TRAJECTORIES_SCHEMA)
+
+
+def append_fast(uri: str, table: pa.Table) -> None:
+    """One append of a `fast_table`, partitioned by bucket."""
+    write_deltalake(uri, table, partition_by=["bucket"], mode="append")
+
+
+def fast_writer_process(uri: str, appends: int, rows_per_append: int, first: int, mean_length: int, interval_s: float) -> None:
+    """Append `appends` versions of `fast_table` rows (a live writer in its own process)."""
+    for k in range(appends):
+        append_fast(uri, fast_table(rows_per_append, first=first + k * rows_per_append, seed=7000 + k, mean_length=mean_length))
+        time.sleep(interval_s)

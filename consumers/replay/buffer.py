@@ -262,7 +262,7 @@ class ReplayBuffer:
             mean if self.config.layout == "packed" else max(mean * 1.15, 1.0)
         )
         count = max(int(per_batch * self.config.pool_batches), 1)
-        positions = self.sampler.draw(rows, self.version, count)
+        positions = self.sampler.draw(rows, self.version, count, drain=self._finished)
         if len(positions) == 0:
             return
         plan = plan_batches(

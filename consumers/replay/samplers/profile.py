@@ -45,13 +45,24 @@ class ProfileSampler(Sampler):
         return np.minimum(quota, available)
 
     def draw(
-        self, rows: RowIndex, candidates: Positions, weights: Weights | None, count: int, pick: Pick
+        self,
+        rows: RowIndex,
+        candidates: Positions,
+        weights: Weights | None,
+        count: int,
+        pick: Pick,
+        *,
+        fill: bool = False,
     ) -> Positions:
-        """Pick `count` candidates bucket by bucket with `pick` inside each bucket."""
+        """Pick up to `count` candidates bucket by bucket, with `pick` inside each bucket.
+
+        A bucket with too few rows gets fewer (the deficit carries over to later draws); with
+        `fill` its share goes to the other buckets instead (for draining a finished read).
+        """
         buckets = rows.bucket[candidates]
         available = np.bincount(buckets, minlength=len(self.names))[: len(self.names)]
         quota = self.allocate(available, count)
-        short = min(count, int(available.sum())) - int(quota.sum())
+        short = min(count, int(available.sum())) - int(quota.sum()) if fill else 0
         for b in np.argsort(-(self.targets - self.mix_array())):  # a dry bucket's share goes to the others
             if short <= 0:
                 break

@@ -58,8 +58,13 @@ class SamplerStack(Sampler):
                 combined = part if combined is None else combined * part
         return combined
 
-    def draw(self, rows: RowIndex, version: int, count: int, *, exclude: Mask | None = None) -> Positions:
-        """Up to `count` distinct positions among eligible rows (minus `exclude`), in position order."""
+    def draw(
+        self, rows: RowIndex, version: int, count: int, *, exclude: Mask | None = None, drain: bool = False
+    ) -> Positions:
+        """Up to `count` distinct positions among eligible rows (minus `exclude`), in position order.
+
+        `drain` (the read is finished) lets a stratified draw fill dry buckets from the others.
+        """
         mask = self.eligible(rows, version)
         if exclude is not None:
             mask &= ~exclude
@@ -73,7 +78,7 @@ class SamplerStack(Sampler):
             return weighted_pick(among, among_weights, n, self.rng)
 
         if self.profile is not None:
-            return self.profile.draw(rows, candidates, w, count, pick)
+            return self.profile.draw(rows, candidates, w, count, pick, fill=drain)
         return pick(candidates, w, count)
 
     def delivered(self, positions: Positions, rows: RowIndex, version: int) -> None:
