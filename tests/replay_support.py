@@ -184,8 +184,15 @@ def append_fast(uri: str, table: pa.Table) -> None:
     write_deltalake(uri, table, partition_by=["bucket"], mode="append")
 
 
-def fast_writer_process(uri: str, appends: int, rows_per_append: int, first: int, mean_length: int, interval_s: float) -> None:
+def fast_writer_process(
+    uri: str, appends: int, rows_per_append: int, first: int, mean_length: int, interval_s: float
+) -> None:
     """Append `appends` versions of `fast_table` rows (a live writer in its own process)."""
     for k in range(appends):
-        append_fast(uri, fast_table(rows_per_append, first=first + k * rows_per_append, seed=7000 + k, mean_length=mean_length))
+        append_fast(
+            uri,
+            fast_table(
+                rows_per_append, first=first + k * rows_per_append, seed=7000 + k, mean_length=mean_length
+            ),
+        )
         time.sleep(interval_s)

@@ -122,7 +122,9 @@ def test_packed_batches_follow_the_varlen_layout(lake) -> None:
         for i, tid in enumerate(batch["trajectory_ids"]):
             row = rows[tid]
             tokens, p = kept_tokens(row, 64)
-            assert batch["response_mask"][0, cu[i] : cu[i + 1]].tolist() == [t >= p for t in range(len(tokens))]
+            assert batch["response_mask"][0, cu[i] : cu[i + 1]].tolist() == [
+                t >= p for t in range(len(tokens))
+            ]
             assert batch["input_ids"][0, cu[i] : cu[i + 1]].tolist() == tokens
             assert batch["position_ids"][0, cu[i] : cu[i + 1]].tolist() == list(range(len(tokens)))
             assert batch["max_seqlen"] >= len(tokens)
@@ -147,7 +149,9 @@ def test_token_budget_batches_of_similar_lengths_waste_little() -> None:
 
 def test_time_travel_reads_only_the_version_range(lake) -> None:
     uri, rows, appends = lake
-    config = ReplayConfig(table_uri=uri, start_version=1, end_version=1, token_budget=400, max_length=64, max_uses=1)
+    config = ReplayConfig(
+        table_uri=uri, start_version=1, end_version=1, token_budget=400, max_length=64, max_uses=1
+    )
     with ReplayBuffer(config) as buffer:
         ids = {tid for b in drain(buffer) for tid in b["trajectory_ids"]}
     assert ids == {i for i in appends[1] if rows[i]["verifier_status"] in ("ok", "fail")}
@@ -157,7 +161,10 @@ def test_out_of_range_token_ids_fail_at_read_time(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     write_rows(uri, make_rows(30, first=0, seed=1, vocab=40_000))
     config = ReplayConfig(table_uri=uri, vocab_size=32_768, token_budget=256, max_length=64)
-    with ReplayBuffer(config) as buffer, pytest.raises(TokenRangeError, match=r"outside the vocabulary \[0, 32768\)"):
+    with (
+        ReplayBuffer(config) as buffer,
+        pytest.raises(TokenRangeError, match=r"outside the vocabulary \[0, 32768\)"),
+    ):
         buffer.sample(0, timeout=30)
 
 
@@ -209,7 +216,15 @@ def test_staleness_limit_holds_while_a_live_writer_appends(tmp_path: Path) -> No
         done.set()
 
     writer = threading.Thread(target=fleet)
-    config = ReplayConfig(table_uri=uri, follow=True, max_lag=3, half_life=2.0, token_budget=400, max_length=64, poll_interval_s=0.05)
+    config = ReplayConfig(
+        table_uri=uri,
+        follow=True,
+        max_lag=3,
+        half_life=2.0,
+        token_budget=400,
+        max_length=64,
+        poll_interval_s=0.05,
+    )
     lags: list[int] = []
     with ReplayBuffer(config) as buffer:
         writer.start()
@@ -238,7 +253,14 @@ def test_samples_per_insert_stays_within_its_bound_and_times_out_clearly(tmp_pat
         done.set()
 
     limiter = SampleToInsertRatio(2.0, min_size=40, error_buffer=60)
-    config = ReplayConfig(table_uri=uri, follow=True, token_budget=400, max_length=64, poll_interval_s=0.05, profile_matched=False)
+    config = ReplayConfig(
+        table_uri=uri,
+        follow=True,
+        token_budget=400,
+        max_length=64,
+        poll_interval_s=0.05,
+        profile_matched=False,
+    )
     checks = []
     writer = threading.Thread(target=fleet)
     with ReplayBuffer(config, limiter=limiter) as buffer:
@@ -329,7 +351,9 @@ def test_state_dict_round_trip_resumes_the_position(lake) -> None:
 def test_spawned_dataloader_workers_read_disjoint_shards_covering_all(lake) -> None:
     uri, rows, _ = lake
     dataset = ReplayDataset(ReplayConfig(table_uri=uri, token_budget=400, max_length=64, max_uses=1))
-    ids = [tid for batch in replay_loader(dataset, num_workers=2, timeout=120) for tid in batch["trajectory_ids"]]
+    ids = [
+        tid for batch in replay_loader(dataset, num_workers=2, timeout=120) for tid in batch["trajectory_ids"]
+    ]
     assert len(ids) == len(set(ids))
     assert set(ids) == {r["trajectory_id"] for r in trainable(list(rows.values()))}
     assert isinstance(torch.initial_seed(), int)

@@ -225,31 +225,38 @@ class ReplayBuffer:
     ) -> tuple[npt.NDArray[np.int64], list[Chunk], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
         """The next planned batch that may go out now, as positions; plans a pool when none is left."""
         rows = self.storage.rows
-        if not self._pending:
-            if not self.limiter.can_sample(1):
-                return None
-            self._plan()
+        planned = False
+        while True:
             if not self._pending:
-                self._starved = True
-                self._cond.notify_all()
+                if planned or not self.limiter.can_sample(1):
+                    return None
+                self._plan()
+                planned = True
+                if not self._pending:
+                    self._starved = True
+                    self._cond.notify_all()
+                    return None
+            keys = self._pending[0]
+            where = np.searchsorted(rows.seq, keys)
+            if len(rows):
+                present = (where < len(rows)) & (rows.seq[np.minimum(where, len(rows) - 1)] == keys)
+            else:
+                present = np.zeros(len(keys), dtype=bool)
+            positions = where[present]
+            if len(positions):
+                positions = positions[self.sampler.eligible(rows, self.version)[positions]]
+            if len(positions) == 0:
+                self._pending.popleft()  # its rows were evicted or went stale while it waited
+                continue
+            if not self.limiter.can_sample(len(positions)):
                 return None
-        keys = self._pending[0]
-        where = np.searchsorted(rows.seq, keys)
-        present = (
-            (where < len(rows)) & (rows.seq[np.minimum(where, max(len(rows) - 1, 0))] == keys)
-            if len(rows)
-            else np.zeros(len(keys), dtype=bool)
-        )
-        positions = where[present]
-        if len(positions):
-            positions = positions[self.sampler.eligible(rows, self.version)[positions]]
-        if len(positions) == 0:
             self._pending.popleft()
-            return self._deliverable()
-        if not self.limiter.can_sample(len(positions)):
-            return None
-        self._pending.popleft()
-        return positions, list(self.storage.chunks), rows.chunk[positions].copy(), rows.row[positions].copy()
+            return (
+                positions,
+                list(self.storage.chunks),
+                rows.chunk[positions].copy(),
+                rows.row[positions].copy(),
+            )
 
     def _plan(self) -> None:
         """Draw a pool of rows worth `pool_batches` batches and split it into batches."""

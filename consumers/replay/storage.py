@@ -169,7 +169,7 @@ class ChunkStorage:
                     c.file.path,
                     c.file.version,
                     c.file.partition_values,
-                    int(self.rows.seq[self.rows.chunk == i].min(initial=0)),
+                    int(self.rows.seq[self.rows.chunk == i][0]),
                 )
                 for i, c in enumerate(self.chunks)
             ],
