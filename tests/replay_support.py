@@ -196,3 +196,26 @@ def fast_writer_process(
             ),
         )
         time.sleep(interval_s)
+
+
+def rank_main(rank: int, world: int, init_file: str, uri: str, out_file: str) -> None:
+    """One torch.distributed rank (gloo): drain its shard of the table, gather every rank's row ids."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from consumers import ReplayConfig, ReplayDataset
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        dataset = ReplayDataset(ReplayConfig(table_uri=uri, token_budget=400, max_length=64, max_uses=1))
+        ids = [tid for batch in dataset for tid in batch["trajectory_ids"]]
+        count = torch.tensor([len(ids)])
+        dist.all_reduce(count)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, {"rank": dataset.rank, "world": dataset.world_size, "ids": ids})
+        if rank == 0:
+            Path(out_file).write_text(json.dumps({"total": int(count.item()), "ranks": gathered}))
+    finally:
+        dist.destroy_process_group()

@@ -65,24 +65,28 @@ def kept_lengths(lengths: npt.NDArray[np.int64], max_length: int) -> npt.NDArray
 
 
 def plan_batches(
-    lengths: npt.NDArray[np.int64], *, token_budget: int, layout: Layout
+    lengths: npt.NDArray[np.int64], *, token_budget: int, layout: Layout, max_waste: float = 0.05
 ) -> list[npt.NDArray[np.int64]]:
     """Split row indexes 0..n-1 into batches within the token budget, similar lengths together.
 
-    Padded: rows x longest row <= budget. Packed: sum of lengths <= budget. A row alone always
-    fits (lengths are cut to max_length <= budget before planning).
+    Rows are sorted longest first and cut greedily. Padded: rows x longest row <= budget, and a
+    batch ends early rather than take a row shorter than (1 - max_waste) x its longest, so no
+    batch wastes more than `max_waste` of its slots on padding. Packed: sum of lengths <= budget.
+    A row alone always fits (lengths are cut to max_length <= budget before planning).
     """
     order = np.argsort(-lengths, kind="stable")
+    ordered = lengths[order]
     batches: list[npt.NDArray[np.int64]] = []
     start = 0
     n = len(order)
     while start < n:
         if layout == "padded":
-            width = max(int(lengths[order[start]]), 1)
-            size = max(token_budget // width, 1)
-            end = min(start + size, n)
+            width = max(int(ordered[start]), 1)
+            end = min(start + max(token_budget // width, 1), n)
+            floor = width * (1.0 - max_waste)
+            end = start + 1 + int(np.searchsorted(-ordered[start + 1 : end], -floor, side="right"))
         else:
-            cumulative = np.cumsum(lengths[order[start:]])
+            cumulative = np.cumsum(ordered[start:])
             end = start + max(int(np.searchsorted(cumulative, token_budget, side="right")), 1)
         batches.append(order[start:end])
         start = end

@@ -49,7 +49,9 @@ class ReplayConfig:
         profile_path: the workload profile file; None for the shipped default.
         samples_per_insert / error_buffer: the rate limiter's ratio bound; None for no bound.
         min_size: rows inserted before the first sample.
-        pool_batches: batches planned per draw (more: less padding, coarser staleness).
+        pool_batches: batches' worth of rows drawn at once (more: fuller low-waste batches,
+            coarser freshness weighting; the hard staleness limit is checked at delivery).
+        max_waste: a padded batch takes no row shorter than (1 - max_waste) x its longest.
         poll_interval_s: how often the table is checked for new versions.
         sample_timeout_s: how long a sample waits for rows before `RateLimitTimeout`.
         shard / num_shards: this reader's share of the files (set per rank x worker).
@@ -78,7 +80,8 @@ class ReplayConfig:
     samples_per_insert: float | None = None
     error_buffer: float = 1024.0
     min_size: int = 1
-    pool_batches: int = 8
+    pool_batches: int = 16
+    max_waste: float = 0.05
     poll_interval_s: float = 0.5
     sample_timeout_s: float = 120.0
     shard: int = 0
@@ -111,6 +114,8 @@ class ReplayConfig:
             )
         if self.vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2, got vocab_size={self.vocab_size}")
+        if not 0 <= self.max_waste < 1:
+            raise ValueError(f"max_waste must lie in [0, 1), got max_waste={self.max_waste}")
         if self.pool_batches < 1:
             raise ValueError(f"pool_batches must be at least 1, got pool_batches={self.pool_batches}")
 
