@@ -101,6 +101,7 @@ def _learn(args: argparse.Namespace) -> int:
     settings = _settings(args)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     steps = args.steps if args.steps is not None else (None if args.follow else 20)
     result = learn(
         table_uri=str(settings.lake_dir / "trajectories"),

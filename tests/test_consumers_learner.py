@@ -34,6 +34,7 @@ from consumers import (
     learn,
     policy_gradient_loss,
 )
+from consumers.replay import load_checkpoint
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parent.parent
@@ -275,3 +276,40 @@ def test_learner_sigkilled_and_resumed_reuses_no_row_beyond_its_setting(lake, tm
             dim=32,
             profile_matched=False,
         )
+
+
+def test_cli_learn_follow_keeps_training_as_the_table_grows_until_sigterm(tmp_path: Path) -> None:
+    lake_dir = tmp_path / "lake"
+    uri = str(lake_dir / "trajectories")
+    write_rows(uri, make_rows(80, first=0, seed=0, all_trainable=True))
+    env = {
+        **os.environ,
+        "ROLLSTREAM_STATE_DIR": str(tmp_path / "state"),
+        "ROLLSTREAM_LAKE_DIR": str(lake_dir),
+        "ROLLSTREAM_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    command = [sys.executable, "-m", "infra.cli", "learn", "--follow", "--max-uses", "1", "--token-budget", "512",
+               "--max-length", "96", "--checkpoint", str(tmp_path / "ckpt"), "--no-profile-match"]  # fmt: skip
+    child = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for k in range(1, 5):
+            time.sleep(1.0)
+            write_rows(uri, make_rows(40, first=80 * k, seed=k, all_trainable=True))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and child.poll() is None:
+            state = load_checkpoint(tmp_path / "ckpt")
+            if state is not None and state["totals"]["rows"] >= 80 + 4 * 40:
+                break
+            time.sleep(0.5)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err[-2000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["table_version"] == 4 and result["steps"] > 0
+    assert result["rows_trained"] == 80 + 4 * 40
