@@ -249,8 +249,13 @@ def _learn_arguments(p: argparse.ArgumentParser) -> None:
         "--samples-per-insert", type=float, default=None, help="rate limit: rows sampled per row inserted"
     )
     p.add_argument("--min-size", type=int, default=1, help="rows inserted before the first sample")
-    p.add_argument("--capacity-rows", type=int, default=50_000)
-    p.add_argument("--capacity-tokens", type=int, default=None)
+    p.add_argument("--capacity-rows", type=int, default=None, help="most rows held (default: no row bound)")
+    p.add_argument(
+        "--capacity-tokens",
+        type=int,
+        default=8_000_000,
+        help="most prompt + response tokens held (about 8 bytes each)",
+    )
     p.add_argument("--eviction", choices=["oldest", "stalest"], default="oldest")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--clip-epsilon", type=float, default=0.2)

@@ -66,8 +66,8 @@ class ReplayConfig:
     token_budget: int = 16_384
     max_length: int = 2048
     layout: Layout = "padded"
-    capacity_rows: int | None = 50_000
-    capacity_tokens: int | None = None
+    capacity_rows: int | None = None
+    capacity_tokens: int | None = 8_000_000
     eviction: Eviction = "oldest"
     statuses: tuple[str, ...] = ("ok", "fail")
     vocab_size: int = DEFAULT_VOCAB_SIZE
