@@ -290,7 +290,7 @@ def test_cli_learn_follow_keeps_training_as_the_table_grows_until_sigterm(tmp_pa
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
     command = [sys.executable, "-m", "infra.cli", "learn", "--follow", "--max-uses", "1", "--token-budget", "512",
-               "--max-length", "96", "--checkpoint", str(tmp_path / "ckpt"), "--no-profile-match"]  # fmt: skip
+               "--max-length", "96", "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "1", "--no-profile-match"]  # fmt: skip
     child = subprocess.Popen(
         command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
