@@ -251,12 +251,7 @@ class _Learner:
                     "finite advantage: let `rollstream process` score more trajectories, or pick other versions"
                 )
             self._save()
-            first = self.buffer.first_version_read
-            run.log_lineage(
-                self.buffer.uri,
-                self.config.start_version if first is None else min(first, self.config.start_version),
-                self.buffer.read_to,
-            )
+            run.log_lineage(self.buffer.uri, self.config.start_version, self.buffer.read_to)
             summary = self._summary()
             run.log_summary(summary)
         return LearnResult(

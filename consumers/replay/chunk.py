@@ -95,6 +95,7 @@ def read_chunk(
         columns=[c for c in CHUNK_COLUMNS if c != "bucket" or file.partition("bucket") is None],
         storage_options=dict(storage_options) if storage_options else None,
         use_pyarrow=False,
+        glob=False,
     )
     if "bucket" not in frame.columns:
         frame = frame.with_columns(pl.lit(file.partition("bucket")).alias("bucket"))

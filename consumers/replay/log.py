@@ -105,15 +105,18 @@ class TableLog:
             ) from exc
         actions = table.get_add_actions(flatten=False)
         paths = [str(p) for p in actions.column("path").to_pylist()]
-        parts = (
-            actions.column("partition_values").to_pylist()
-            if "partition_values" in actions.column_names
-            else None
-        )
+        names = actions.column_names
+        parts = actions.column("partition").to_pylist() if "partition" in names else [None] * len(paths)
+        records = actions.column("num_records").to_pylist() if "num_records" in names else [None] * len(paths)
         files = {}
-        for i, path in enumerate(paths):
-            values = tuple(sorted((parts[i] or {}).items())) if parts is not None else ()
-            files[path] = DataFile(path=path, version=version, partition_values=values)
+        for path, values, count in zip(paths, parts, records, strict=True):
+            pairs = tuple(sorted((k, None if v is None else str(v)) for k, v in (values or {}).items()))
+            files[path] = DataFile(
+                path=path,
+                version=version,
+                partition_values=pairs,
+                num_records=None if count is None else int(count),
+            )
         return files
 
     @staticmethod
