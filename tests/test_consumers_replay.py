@@ -360,3 +360,43 @@ def test_spawned_dataloader_workers_read_disjoint_shards_covering_all(lake) -> N
     assert len(ids) == len(set(ids))
     assert set(ids) == {r["trajectory_id"] for r in trainable(list(rows.values()))}
     assert isinstance(torch.initial_seed(), int)
+
+
+def test_stalest_first_eviction_drops_the_lowest_policy_versions(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    for k, policy_version in enumerate([5, 1, 3, 4]):
+        write_rows(
+            uri,
+            make_rows(
+                40,
+                first=40 * k,
+                seed=k,
+                policy_version=policy_version,
+                bucket_shares=(1, 0, 0),
+                all_trainable=True,
+            ),
+        )
+    config = ReplayConfig(
+        table_uri=uri,
+        capacity_rows=80,
+        eviction="stalest",
+        token_budget=400,
+        max_length=64,
+        profile_matched=False,
+    )
+    with ReplayBuffer(config) as buffer:
+        buffer.sample(0, timeout=30)
+        while buffer.read_to < 3:
+            time.sleep(0.05)
+        held = sorted({int(v) for c in buffer.storage.chunks for v in c.policy_version})
+    assert held == [4, 5]
+
+
+def test_min_size_holds_sampling_with_a_clear_error(lake) -> None:
+    uri, _, _ = lake
+    following = ReplayConfig(table_uri=uri, follow=True, token_budget=400, max_length=64, min_size=10_000)
+    with ReplayBuffer(following) as buffer, pytest.raises(RateLimitTimeout, match="min_size=10000"):
+        buffer.sample(0, timeout=2)
+    bounded = ReplayConfig(table_uri=uri, token_budget=400, max_length=64, min_size=10_000)
+    with ReplayBuffer(bounded) as buffer, pytest.raises(BufferExhausted, match="min_size=10000"):
+        buffer.sample(0, timeout=30)
