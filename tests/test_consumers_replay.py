@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -400,3 +401,19 @@ def test_min_size_holds_sampling_with_a_clear_error(lake) -> None:
     bounded = ReplayConfig(table_uri=uri, token_budget=400, max_length=64, min_size=10_000)
     with ReplayBuffer(bounded) as buffer, pytest.raises(BufferExhausted, match="min_size=10000"):
         buffer.sample(0, timeout=30)
+
+
+def test_ranks_times_workers_shards_are_disjoint_and_cover_all(lake) -> None:
+    uri, rows, _ = lake
+    seen: list[list[str]] = []
+    for rank in range(2):
+        dataset = ReplayDataset(
+            ReplayConfig(table_uri=uri, token_budget=400, max_length=64, max_uses=1), rank=rank, world_size=2
+        )
+        for worker in range(2):  # what shard_config computes inside DataLoader worker `worker` of 2
+            config = dataclasses.replace(dataset.config, shard=rank * 2 + worker, num_shards=4)
+            with ReplayBuffer(config) as buffer:
+                seen.append([tid for b in drain(buffer) for tid in b["trajectory_ids"]])
+    flat = [tid for share in seen for tid in share]
+    assert len(flat) == len(set(flat)) and sum(1 for share in seen if share) >= 2
+    assert set(flat) == {r["trajectory_id"] for r in trainable(list(rows.values()))}
