@@ -248,7 +248,8 @@ class _Learner:
                 raise EmptySnapshotError(
                     f"{self.buffer.uri!r} holds no row to train on in versions {self.config.start_version}.."
                     f"{self.buffer.end_version} with verifier_status in {self.config.statuses} and a "
-                    "finite advantage: let `rollstream process` score more trajectories, or pick other versions"
+                    "finite advantage (and, with profile matching, a bucket of the profile): let `rollstream process` "
+                    "score more trajectories, pick other versions, or pass profile_matched=False (--no-profile-match)"
                 )
             self._save()
             run.log_lineage(self.buffer.uri, self.config.start_version, self.buffer.read_to)
