@@ -31,3 +31,19 @@ class TrackingError(ConsumerError):
 
 class AnalyticsError(ConsumerError):
     """A SQL query, table name or time-travel target is invalid; the message says which."""
+
+
+class TokenRangeError(PolicyInputError):
+    """A stored token id lies outside the configured vocabulary."""
+
+
+class RateLimitTimeout(ConsumerError):
+    """The rate limiter kept the learner waiting longer than its timeout."""
+
+
+class BufferExhausted(ConsumerError):
+    """A bounded read (an end version) is done: no row is left that the samplers may draw."""
+
+
+class CheckpointError(ConsumerError):
+    """A checkpoint cannot be read or does not match this run."""

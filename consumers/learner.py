@@ -1,26 +1,36 @@
-"""`learn`: real policy-gradient steps on one version of the trajectories table, tracked in MLflow.
+"""`learn`: clipped policy-gradient steps on batches from the replay buffer, tracked in MLflow.
 
-The thin learner of ARCHITECTURE.md: `TrajectoryDataset` batches, `TinyPolicy`, the
-REINFORCE / GRPO surrogate, AdamW. It reads one pinned table version and cycles it when `steps`
-outrun one pass; tailing new versions belongs to the replay buffer that comes next.
+The learner's version is its count of optimizer steps; staleness is measured against it. Every
+`checkpoint_every` steps the weights, the optimizer and the buffer's position go into one file,
+atomically, so a restarted learner continues exactly where the checkpoint stands; with a
+checkpoint present `learn` resumes from it and continues its MLflow run.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import re
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
-from itertools import islice
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
-import polars as pl
 import torch
 
-from consumers.batching import TrajectoryBatch
-from consumers.dataset import TrajectoryDataset
-from consumers.exceptions import EmptySnapshotError
-from consumers.loss import policy_gradient_loss
-from consumers.policy import DEFAULT_VOCAB_SIZE, TinyPolicy
+from consumers.exceptions import BufferExhausted, CheckpointError, EmptySnapshotError, RateLimitTimeout
+from consumers.loss import clipped_policy_loss
+from consumers.policy import TinyPolicy
+from consumers.replay import ReplayBuffer, ReplayConfig, load_checkpoint, save_checkpoint
+from consumers.replay.collate import PackedBatch, ReplayBatch
 from consumers.tracking import check_tracking_uri, track_run
+
+_METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-./ :]")
+_LAG_BINS = ((0, 0, "0"), (1, 1, "1"), (2, 3, "2_3"), (4, 7, "4_7"), (8, None, "8_plus"))
+_FOLLOW_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -31,10 +41,15 @@ class LearnResult:
     experiment_id: str
     table_uri: str
     table_version: int
+    first_table_version: int
     steps: int
+    resumed_from: int
     final_loss: float
     reward_mean: float
-    rows_read: int
+    rows_trained: int
+    tokens_trained: int
+    padding_waste: float
+    bucket_distance: float
     policy: TinyPolicy = field(repr=False, compare=False)
 
     def as_dict(self) -> dict[str, str | int | float]:
@@ -42,141 +57,360 @@ class LearnResult:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy"}
 
 
+@dataclass(frozen=True)
+class LearnerOptions:
+    """The optimization settings of `learn` (the data settings are a `ReplayConfig`)."""
+
+    steps: int | None = 20
+    lr: float = 1e-3
+    dim: int = 64
+    clip_epsilon: float = 0.2
+    kl_coef: float = 0.0
+    seed: int = 0
+    checkpoint_path: str | None = None
+    checkpoint_every: int = 10
+    rows_log: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.steps is not None and self.steps < 1) or self.lr <= 0:
+            raise ValueError(f"need steps >= 1 (or None) and lr > 0, got steps={self.steps}, lr={self.lr}")
+        if not 0 < self.clip_epsilon < 1 or self.kl_coef < 0 or self.checkpoint_every < 1:
+            raise ValueError(
+                f"need 0 < clip_epsilon < 1, kl_coef >= 0, checkpoint_every >= 1, got {self.clip_epsilon}, "
+                f"{self.kl_coef}, {self.checkpoint_every}"
+            )
+
+
 def learn(
     *,
     table_uri: str,
     tracking_uri: str,
     experiment: str = "rollstream",
-    steps: int = 20,
-    batch_size: int = 16,
-    max_length: int = 1024,
+    steps: int | None = 20,
     lr: float = 1e-3,
+    dim: int = 64,
+    clip_epsilon: float = 0.2,
+    kl_coef: float = 0.0,
     seed: int = 0,
-    version: int | None = None,
-    storage_options: Mapping[str, str] | None = None,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every: int = 10,
+    rows_log: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
+    **replay: Any,
 ) -> LearnResult:
-    """Run `steps` optimizer steps on the trajectories table and log them to MLflow.
+    """Train on the trajectories table through a `ReplayBuffer`, log to MLflow, checkpoint.
 
-    Per step it logs `loss`, `reward_mean` (of the batch), `tokens` (scored response tokens)
-    and `step_seconds`; at the end `final_loss`, `final_reward_mean` and `rows_read`. The
-    policy's vocabulary is 32,768 ids, or more if the table holds larger token ids.
+    Without `follow=True` the buffer reads to the table's latest version at start and the run
+    ends after `steps` or when no row is left to draw; with it the run tails the table until
+    `steps` (None: until `stop` is set or the process is interrupted).
 
     Args:
         table_uri: the trajectories Delta table, e.g. `<lake>/trajectories`.
         tracking_uri: an explicit MLflow store, e.g. `sqlite:////abs/path/mlflow.db`.
         experiment: MLflow experiment name (created if missing).
-        steps: optimizer steps; the table version is cycled if one pass is shorter.
-        batch_size: rows per step.
-        max_length: prompt ++ response tokens are cut to this many.
+        steps: optimizer steps in total (a resumed run counts its earlier steps).
         lr: AdamW learning rate.
-        seed: seeds torch (weights) and the row shuffle.
-        version: table version to train on; None for the latest.
-        storage_options: passed through to deltalake and polars.
+        dim: the policy's width.
+        clip_epsilon: PPO clip range of the importance ratio against the stored logprobs.
+        kl_coef: weight of the KL penalty to the initial policy (0: none, no reference kept).
+        seed: seeds torch (weights) and the draws.
+        checkpoint_path: one file for weights, optimizer and buffer position; resumed if present.
+        checkpoint_every: steps between checkpoints (and one at the end).
+        rows_log: a JSON-lines file naming each step's rows (audits, lineage).
         progress: called with one line of text per step.
+        stop: set it to end a following run after the current step.
+        **replay: `ReplayConfig` fields (token_budget, max_length, vocab_size, follow, max_lag, ...).
 
     Raises:
         MissingTableError: no table at `table_uri` (run `rollstream process` first).
-        EmptySnapshotError: the version has no verified ('ok' or 'fail') rows.
+        EmptySnapshotError: the read range holds no row the learner may train on.
         TrackingError: `tracking_uri` is not an explicit store URI.
+        TokenRangeError: a token id outside [0, vocab_size).
     """
-    if steps < 1 or lr <= 0:
-        raise ValueError(f"need steps >= 1 and lr > 0, got steps={steps}, lr={lr}")
-    check_tracking_uri(tracking_uri)
-    torch.manual_seed(seed)
-    dataset = TrajectoryDataset(
-        table_uri=table_uri,
-        batch_size=batch_size,
-        max_length=max_length,
-        version=version,
-        shuffle_seed=seed,
-        storage_options=storage_options,
-    )
-    rows_read = dataset.count_rows()
-    if rows_read == 0:
-        raise EmptySnapshotError(
-            f"version {dataset.version} of {dataset.snapshot.uri!r} has no rows with verifier_status "
-            f"in {dataset.statuses}: let `rollstream process` score more trajectories, or pick "
-            "another version"
-        )
-    policy = TinyPolicy(vocab_size=max(DEFAULT_VOCAB_SIZE, _max_token_id(dataset) + 1))
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
-    params = {"steps": steps, "batch_size": batch_size, "lr": lr, "max_length": max_length, "seed": seed}
-    loss_value, reward_sum, rewarded_rows = float("nan"), 0.0, 0
-    with track_run(
-        tracking_uri=tracking_uri, experiment=experiment, snapshot=dataset.snapshot, params=params
-    ) as run:
-        for step, batch in enumerate(islice(_cycle(dataset), steps)):
-            started = time.perf_counter()
-            loss_value, tokens = _step(policy, optimizer, batch)
-            rewards = batch["rewards"]
-            reward_sum += float(rewards.sum())
-            rewarded_rows += len(rewards)
-            metrics = {
-                "loss": loss_value,
-                "reward_mean": float(rewards.mean()),
-                "tokens": float(tokens),
-                "step_seconds": time.perf_counter() - started,
-            }
-            run.log_step(step, metrics)
-            if progress is not None:
-                progress(
-                    f"step {step + 1}/{steps} loss={loss_value:.4f} "
-                    f"reward_mean={metrics['reward_mean']:.3f} tokens={tokens}"
-                )
-        reward_mean = reward_sum / max(rewarded_rows, 1)
-        run.log_summary(
-            {"final_loss": loss_value, "final_reward_mean": reward_mean, "rows_read": float(rows_read)}
-        )
-    return LearnResult(
-        run_id=run.run_id,
-        experiment_id=run.experiment_id,
-        table_uri=dataset.snapshot.uri,
-        table_version=dataset.version,
+    options = LearnerOptions(
         steps=steps,
-        final_loss=loss_value,
-        reward_mean=reward_mean,
-        rows_read=rows_read,
-        policy=policy,
+        lr=lr,
+        dim=dim,
+        clip_epsilon=clip_epsilon,
+        kl_coef=kl_coef,
+        seed=seed,
+        checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
+        checkpoint_every=checkpoint_every,
+        rows_log=None if rows_log is None else str(rows_log),
+    )
+    config = ReplayConfig(table_uri=table_uri, seed=seed, **replay)
+    check_tracking_uri(tracking_uri)
+    return _Learner(options, config, progress=progress, stop=stop or threading.Event()).run(
+        tracking_uri=tracking_uri, experiment=experiment
     )
 
 
-def _step(policy: TinyPolicy, optimizer: torch.optim.Optimizer, batch: TrajectoryBatch) -> tuple[float, int]:
-    """One optimizer step; returns the loss and how many tokens it scored."""
-    scored = batch["response_mask"].clone()
-    scored[:, 0] = False
-    new_logprobs = policy.logprobs(batch["input_ids"], batch["attention_mask"], where=scored)
-    loss = policy_gradient_loss(new_logprobs, batch["advantages"], scored)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach()), int(scored.sum())
+class _Learner:
+    """The training loop's state: policy, optimizer, buffer and running tallies."""
 
+    def __init__(
+        self,
+        options: LearnerOptions,
+        config: ReplayConfig,
+        *,
+        progress: Callable[[str], None] | None,
+        stop: threading.Event,
+    ) -> None:
+        torch.manual_seed(options.seed)
+        self.options = options
+        self.config = config
+        self.progress = progress
+        self.stop = stop
+        self.policy = TinyPolicy(vocab_size=config.vocab_size, dim=options.dim)
+        self.reference = copy.deepcopy(self.policy).requires_grad_(False) if options.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=options.lr)
+        self.buffer = ReplayBuffer(config)
+        self.step = 0
+        self.run_id: str | None = None
+        self.bucket_counts: Counter[str] = Counter()
+        self.totals = {"rows": 0, "tokens": 0, "slots": 0, "reward": 0.0}
+        self.loss = float("nan")
+        self.resumed_from = 0
+        self._resume()
 
-def _cycle(dataset: TrajectoryDataset) -> Iterator[TrajectoryBatch]:
-    """Pass over the dataset again and again, reshuffled each epoch."""
-    epoch = 0
-    while True:
-        dataset.set_epoch(epoch)
-        yielded = False
-        for batch in dataset:
-            yielded = True
-            yield batch
-        if not yielded:
+    def _resume(self) -> None:
+        if self.options.checkpoint_path is None:
             return
-        epoch += 1
-
-
-def _max_token_id(dataset: TrajectoryDataset) -> int:
-    """The largest token id in the rows the dataset yields, so the policy's vocabulary fits."""
-    found = (
-        dataset.scan_rows()
-        .select(
-            pl.max_horizontal(
-                pl.col("prompt_tokens").list.max().max(), pl.col("response_tokens").list.max().max()
+        state = load_checkpoint(self.options.checkpoint_path)
+        if state is None:
+            return
+        saved, now = _position_settings(state["replay_config"]), _position_settings(_comparable(self.config))
+        if saved != now:
+            changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+            raise CheckpointError(
+                f"{self.options.checkpoint_path} was written with other replay settings ({', '.join(changed)}: "
+                f"{[saved.get(k) for k in changed]} then, {[now.get(k) for k in changed]} now): resume with "
+                "the same settings, or pass another checkpoint path to start afresh"
             )
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None and state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.buffer.load_state_dict(state["buffer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step = self.resumed_from = int(state["step"])
+        self.run_id = state["run_id"]
+        self.bucket_counts = Counter(state["bucket_counts"])
+        self.totals = dict(state["totals"])
+
+    def _save(self) -> None:
+        if self.options.checkpoint_path is None:
+            return
+        save_checkpoint(
+            self.options.checkpoint_path,
+            {
+                "step": self.step,
+                "run_id": self.run_id,
+                "policy": self.policy.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "reference": None if self.reference is None else self.reference.state_dict(),
+                "buffer": self.buffer.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "replay_config": _comparable(self.config),
+                "bucket_counts": dict(self.bucket_counts),
+                "totals": dict(self.totals),
+            },
         )
-        .collect()
-        .item()
-    )
-    return int(found) if found is not None else 0
+
+    def run(self, *, tracking_uri: str, experiment: str) -> LearnResult:
+        params = {**asdict(self.options), **_comparable(self.config), "profile_id": self.buffer.profile.id}
+        params.pop("table_uri")
+        with (
+            track_run(
+                tracking_uri=tracking_uri,
+                experiment=experiment,
+                table_uri=self.buffer.uri,
+                params=params,
+                run_id=self.run_id,
+            ) as run,
+            self.buffer,
+        ):
+            self.run_id = run.run_id
+            if self.resumed_from == 0:
+                run.log_text(self.buffer.profile.to_toml(), f"profile/{_profile_file(self.config)}")
+            while self.options.steps is None or self.step < self.options.steps:
+                if self.stop.is_set():
+                    break
+                batch = self._next_batch()
+                if batch is None:
+                    break
+                run.log_step(self.step, self._train(batch))
+                self._log_rows(batch)
+                if self.step % self.options.checkpoint_every == 0:
+                    self._save()
+            if self.totals["rows"] == 0:
+                raise EmptySnapshotError(
+                    f"{self.buffer.uri!r} holds no row to train on in versions {self.config.start_version}.."
+                    f"{self.buffer.end_version} with verifier_status in {self.config.statuses} and a "
+                    "finite advantage (and, with profile matching, a bucket of the profile): let `rollstream process` "
+                    "score more trajectories, pick other versions, or pass profile_matched=False (--no-profile-match)"
+                )
+            self._save()
+            run.log_lineage(self.buffer.uri, self.config.start_version, self.buffer.read_to)
+            summary = self._summary()
+            run.log_summary(summary)
+        return LearnResult(
+            run_id=run.run_id,
+            experiment_id=run.experiment_id,
+            table_uri=self.buffer.uri,
+            table_version=self.buffer.read_to,
+            first_table_version=self.config.start_version,
+            steps=self.step,
+            resumed_from=self.resumed_from,
+            final_loss=self.loss,
+            reward_mean=summary["final_reward_mean"],
+            rows_trained=int(self.totals["rows"]),
+            tokens_trained=int(self.totals["tokens"]),
+            padding_waste=summary["padding_waste_total"],
+            bucket_distance=summary["bucket_distance_total"],
+            policy=self.policy,
+        )
+
+    def _next_batch(self) -> ReplayBatch | PackedBatch | None:
+        while True:
+            try:
+                timeout = _FOLLOW_WAIT_S if self.config.follow else None
+                return self.buffer.sample(self.step, timeout=timeout)
+            except BufferExhausted:
+                return None
+            except RateLimitTimeout:
+                if not self.config.follow:
+                    raise
+                if self.stop.is_set():
+                    return None
+                if self.progress is not None:
+                    self.progress(
+                        f"waiting for rows at step {self.step} (read to version {self.buffer.read_to})"
+                    )
+
+    def _train(self, batch: ReplayBatch | PackedBatch) -> dict[str, float]:
+        if "attention_mask" not in batch:
+            raise ValueError("the learner's TinyPolicy trains on padded batches: use layout='padded'")
+        started = time.perf_counter()
+        padded: ReplayBatch = batch  # type: ignore[assignment]
+        scored = padded["response_mask"].clone()
+        scored[:, 0] = False
+        new = self.policy.logprobs(padded["input_ids"], padded["attention_mask"], where=scored)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = self.reference.logprobs(padded["input_ids"], padded["attention_mask"], where=scored)
+        loss, parts = clipped_policy_loss(
+            new,
+            padded["old_logprobs"],
+            padded["advantages"],
+            scored,
+            clip_epsilon=self.options.clip_epsilon,
+            ref_logprobs=ref,
+            kl_coef=self.options.kl_coef,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        lag = (self.step - padded["policy_versions"]).tolist()
+        self.step += 1
+        self.loss = float(loss.detach())
+        seconds = max(time.perf_counter() - started, 1e-9)
+        rows, tokens = len(padded["trajectory_ids"]), int(padded["tokens"])
+        self.totals["rows"] += rows
+        self.totals["tokens"] += tokens
+        self.totals["slots"] += int(padded["attention_mask"].numel())
+        self.totals["reward"] += float(padded["rewards"].sum())
+        self.bucket_counts.update(padded["buckets"])
+        metrics = {
+            "loss": self.loss,
+            **parts,
+            "reward_mean": float(padded["rewards"].mean()),
+            "rows": float(rows),
+            "tokens": float(tokens),
+            "padding_waste": float(padded["padding_waste"]),
+            "samples_per_s": rows / seconds,
+            "tokens_per_s": tokens / seconds,
+            "staleness/mean": sum(lag) / max(len(lag), 1),
+            "staleness/max": float(max(lag, default=0)),
+            **_lag_histogram(lag),
+            **_grouped_means("reward/domain", padded["domains"], padded["rewards"]),
+            **_grouped_means("reward/task_type", padded["task_types"], padded["rewards"]),
+            **self._bucket_mix(),
+            **{
+                f"buffer/{k}": v
+                for k, v in self.buffer.stats().items()
+                if "/" not in k and k != "bucket_distance"
+            },
+        }
+        if self.progress is not None:
+            total = self.options.steps if self.options.steps is not None else "inf"
+            self.progress(
+                f"step {self.step}/{total} loss={self.loss:.4f} clip={parts['clip_fraction']:.2f} "
+                f"rows={rows} tokens={tokens} waste={padded['padding_waste']:.3f} read_to=v{self.buffer.read_to}"
+            )
+        return metrics
+
+    def _bucket_mix(self) -> dict[str, float]:
+        total = max(sum(self.bucket_counts.values()), 1)
+        targets = self.buffer.profile.targets
+        out = {f"bucket_share/{n}": self.bucket_counts.get(n, 0) / total for n in targets}
+        out.update({f"bucket_target/{n}": share for n, share in targets.items()})
+        out["bucket_distance"] = (
+            self.buffer.profile.distance(dict(self.bucket_counts)) if self.bucket_counts else 1.0
+        )
+        return out
+
+    def _log_rows(self, batch: ReplayBatch | PackedBatch) -> None:
+        if self.options.rows_log is None:
+            return
+        line = json.dumps({"step": self.step, "ids": batch["trajectory_ids"]})
+        with Path(self.options.rows_log).open("a") as out:
+            out.write(line + "\n")
+
+    def _summary(self) -> dict[str, float]:
+        rows = max(self.totals["rows"], 1)
+        return {
+            "final_loss": self.loss,
+            "final_reward_mean": self.totals["reward"] / rows,
+            "rows_trained": float(self.totals["rows"]),
+            "tokens_trained": float(self.totals["tokens"]),
+            "padding_waste_total": 1.0 - self.totals["tokens"] / max(self.totals["slots"], 1),
+            "bucket_distance_total": self._bucket_mix()["bucket_distance"],
+        }
+
+
+def _comparable(config: ReplayConfig) -> dict[str, Any]:
+    """The replay settings a checkpoint must match (and MLflow params), as plain values."""
+    out = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "storage_options"}
+    out["statuses"] = ",".join(config.statuses)
+    return {k: ("" if v is None else v) for k, v in out.items()}
+
+
+def _position_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that decide which rows a resumed run may see (not how long it waits or runs)."""
+    loose = {"follow", "end_version", "sample_timeout_s", "poll_interval_s"}
+    return {k: v for k, v in settings.items() if k not in loose}
+
+
+def _profile_file(config: ReplayConfig) -> str:
+    from schemas.profile import DEFAULT_PROFILE_FILE
+
+    return Path(config.profile_path).name if config.profile_path else DEFAULT_PROFILE_FILE
+
+
+def _lag_histogram(lag: list[int]) -> dict[str, float]:
+    out = {}
+    for low, high, name in _LAG_BINS:
+        out[f"staleness/lag_{name}"] = float(sum(1 for x in lag if x >= low and (high is None or x <= high)))
+    return out
+
+
+def _grouped_means(prefix: str, names: list[str], values: torch.Tensor) -> dict[str, float]:
+    sums: dict[str, float] = defaultdict(float)
+    counts: Counter[str] = Counter()
+    for name, value in zip(names, values.tolist(), strict=True):
+        sums[name] += value
+        counts[name] += 1
+    return {f"{prefix}/{_METRIC_NAME.sub('_', n) or 'none'}": sums[n] / counts[n] for n in counts}

@@ -1,8 +1,9 @@
 """MLflow runs for learners: params, per-step metrics, and the table version they trained on.
 
 The tracking URI is always explicit (HAZARDS.md: mlflow's default is `./mlflow.db` in whatever
-directory the process started in). Lineage is recorded three ways: tags
-`rollstream.table_uri` / `rollstream.table_version`, the same as params, and a dataset input
+directory the process started in). Lineage is recorded at the end of a run, when the version range read
+is known: tags `rollstream.table_uri`, `rollstream.table_version` (the last version read) and
+`rollstream.table_versions` ("first-last"), and a dataset input named `<table>@v<first>-v<last>`
 (`MetaDataset` over a `DeltaDatasetSource`, no Spark needed). mlflow 3.17.2's
 `DeltaDatasetSource.to_dict` drops version 0 (it tests the version for truthiness), so the
 dataset's name and input tags carry the version too. A new experiment's artifacts go beside a
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 TABLE_URI_TAG = "rollstream.table_uri"
 TABLE_VERSION_TAG = "rollstream.table_version"
+TABLE_VERSIONS_TAG = "rollstream.table_versions"
 
 
 @dataclass(frozen=True)
@@ -49,21 +51,43 @@ class TrackedRun:
 
         mlflow.log_metrics(dict(metrics), run_id=self.run_id)
 
+    def log_lineage(
+        self, table_uri: str, first_version: int, last_version: int, context: str = "training"
+    ) -> None:
+        """Record the table and the version range read: tags, and a dataset input named by the range."""
+        import mlflow
+
+        tags = {
+            TABLE_URI_TAG: table_uri,
+            TABLE_VERSION_TAG: str(last_version),
+            TABLE_VERSIONS_TAG: f"{first_version}-{last_version}",
+        }
+        mlflow.set_tags(tags)
+        snapshot = TableSnapshot(uri=table_uri, version=last_version)
+        mlflow.log_input(table_dataset(snapshot, first_version), context=context, tags=tags)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Store a small text file (e.g. the workload profile) as an artifact of the run."""
+        import mlflow
+
+        mlflow.log_text(text, artifact_file, run_id=self.run_id)
+
 
 @contextmanager
 def track_run(
     *,
     tracking_uri: str,
     experiment: str,
-    snapshot: TableSnapshot,
+    table_uri: str,
     params: Mapping[str, object],
-    context: str = "training",
+    run_id: str | None = None,
     artifact_location: str | None = None,
 ) -> Iterator[TrackedRun]:
-    """Start an MLflow run with params and table lineage; end it (FAILED on an exception).
+    """Start (or, with `run_id`, resume) an MLflow run with params; end it (FAILED on an exception).
 
-    `artifact_location` applies only when the experiment is created here; None puts a sqlite
-    store's artifacts beside its file and leaves other stores to the server.
+    The table's lineage (the version range actually read) is logged at the end by
+    `TrackedRun.log_lineage`, when the range is known. `artifact_location` applies only when the
+    experiment is created here; None puts a sqlite store's artifacts beside its file.
 
     Raises:
         TrackingError: `tracking_uri` is empty or has no scheme.
@@ -75,20 +99,27 @@ def track_run(
     found = mlflow.set_experiment(
         experiment_id=_experiment_id(experiment, artifact_location or _artifacts_beside(tracking_uri))
     )
-    lineage = {TABLE_URI_TAG: snapshot.uri, TABLE_VERSION_TAG: str(snapshot.version)}
-    with mlflow.start_run(experiment_id=found.experiment_id, tags=lineage, log_system_metrics=False) as run:
-        mlflow.log_params({**params, "table_uri": snapshot.uri, "table_version": snapshot.version})
-        mlflow.log_input(table_dataset(snapshot), context=context, tags=lineage)
+    tags = {TABLE_URI_TAG: table_uri}
+    with mlflow.start_run(
+        run_id=run_id, experiment_id=found.experiment_id, tags=tags, log_system_metrics=False
+    ) as run:
+        if run_id is None:
+            mlflow.log_params({**params, "table_uri": table_uri})
         yield TrackedRun(run_id=run.info.run_id, experiment_id=found.experiment_id)
 
 
-def table_dataset(snapshot: TableSnapshot) -> MetaDataset:
-    """An MLflow dataset naming a Delta table version, without loading its rows."""
+def table_dataset(snapshot: TableSnapshot, first_version: int | None = None) -> MetaDataset:
+    """An MLflow dataset naming a Delta table version (or range), without loading its rows."""
     from mlflow.data.delta_dataset_source import DeltaDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
 
     source = DeltaDatasetSource(path=snapshot.uri, delta_table_version=snapshot.version)
-    name = f"{_table_name(snapshot.uri)}@v{snapshot.version}"
+    versions = (
+        f"v{snapshot.version}"
+        if first_version in (None, snapshot.version)
+        else f"v{first_version}-v{snapshot.version}"
+    )
+    name = f"{_table_name(snapshot.uri)}@{versions}"
     # mlflow marks Dataset.profile @abstractmethod without ABC; MetaDataset omits it and works.
     return MetaDataset(source, name=name)  # type: ignore[abstract]
 

@@ -269,16 +269,47 @@ def _rescore(args: argparse.Namespace) -> int:
 
 
 def _learn(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     from consumers import learn
 
     settings = _settings(args)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    steps = args.steps if args.steps is not None else (None if args.follow else 20)
     result = learn(
         table_uri=str(settings.lake_dir / "trajectories"),
         tracking_uri=settings.tracking_uri,
         experiment=args.experiment,
-        steps=args.steps,
-        batch_size=args.batch_size,
+        steps=steps,
+        lr=args.lr,
+        clip_epsilon=args.clip_epsilon,
+        kl_coef=args.kl_coef,
+        seed=args.seed,
+        checkpoint_path=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
+        rows_log=args.rows_log,
         progress=_progress,
+        stop=stop,
+        follow=args.follow,
+        start_version=args.start_version,
+        end_version=args.end_version,
+        token_budget=args.token_budget,
+        max_length=args.max_length,
+        vocab_size=args.vocab_size or settings.vocab_size,
+        profile_path=settings.profile_path or None,
+        profile_matched=not args.no_profile_match,
+        max_uses=args.max_uses,
+        max_lag=args.max_lag,
+        half_life=args.half_life,
+        priority_alpha=args.priority_alpha,
+        samples_per_insert=args.samples_per_insert,
+        min_size=args.min_size,
+        capacity_rows=args.capacity_rows,
+        capacity_tokens=args.capacity_tokens,
+        eviction=args.eviction,
     )
     print(json.dumps(result.as_dict()))
     return 0
@@ -502,10 +533,8 @@ def _parser() -> argparse.ArgumentParser:
         "--table-version", type=int, default=None, help="the trajectories version (default latest)"
     )
 
-    p = command("learn", _learn, "run a few policy-gradient steps on the Delta table, tracked in MLflow")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--experiment", default="rollstream")
+    p = command("learn", _learn, "train on the Delta table through the replay buffer, tracked in MLflow")
+    _learn_arguments(p)
 
     p = command(
         "sql", _sql, "run SQL over the lake's tables (trajectories, dead_letters, ...), with time travel"
@@ -548,6 +577,56 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the processor")
     p.add_argument("--json", action="store_true", help="end with the summary as one JSON object")
     return parser
+
+
+def _learn_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--steps", type=int, default=None, help="optimizer steps (default 20; with --follow: until stopped)"
+    )
+    p.add_argument(
+        "--follow", action="store_true", help="keep training as the table grows, until SIGTERM / Ctrl-C"
+    )
+    p.add_argument("--experiment", default="rollstream")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="one file for weights, optimizer, buffer position; resumed if present",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--rows-log", type=Path, default=None, help="JSON lines naming each step's rows")
+    p.add_argument("--start-version", type=int, default=0, help="first table version read (time travel)")
+    p.add_argument(
+        "--end-version", type=int, default=None, help="last table version read (default: latest at start)"
+    )
+    p.add_argument("--token-budget", type=int, default=16_384, help="padded slots per batch")
+    p.add_argument("--max-length", type=int, default=2048, help="prompt + response tokens kept per row")
+    p.add_argument("--vocab-size", type=int, default=None, help="default: the vocab_size setting (32768)")
+    p.add_argument(
+        "--no-profile-match", action="store_true", help="do not draw buckets in the profile's shares"
+    )
+    p.add_argument(
+        "--max-uses", type=int, default=None, help="each row at most this many times, oldest first"
+    )
+    p.add_argument("--max-lag", type=int, default=None, help="hard limit on learner version - policy_version")
+    p.add_argument("--half-life", type=float, default=None, help="freshness weight halves per this much lag")
+    p.add_argument("--priority-alpha", type=float, default=None, help="prioritized by |advantage| ** alpha")
+    p.add_argument(
+        "--samples-per-insert", type=float, default=None, help="rate limit: rows sampled per row inserted"
+    )
+    p.add_argument("--min-size", type=int, default=1, help="rows inserted before the first sample")
+    p.add_argument("--capacity-rows", type=int, default=None, help="most rows held (default: no row bound)")
+    p.add_argument(
+        "--capacity-tokens",
+        type=int,
+        default=8_000_000,
+        help="most prompt + response tokens held (about 8 bytes each)",
+    )
+    p.add_argument("--eviction", choices=["oldest", "stalest"], default="oldest")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--clip-epsilon", type=float, default=0.2)
+    p.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial policy (0: none)")
+    p.add_argument("--seed", type=int, default=0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

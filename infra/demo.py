@@ -219,7 +219,12 @@ def run_demo(
     progress(f"learning for {learn_steps} steps from {table_uri}")
     started = time.monotonic()
     result = learn(
-        table_uri=table_uri, tracking_uri=settings.tracking_uri, steps=learn_steps, progress=progress
+        table_uri=table_uri,
+        tracking_uri=settings.tracking_uri,
+        steps=learn_steps,
+        progress=progress,
+        vocab_size=settings.vocab_size,
+        profile_path=settings.profile_path or None,
     )
     seconds["learn"] = time.monotonic() - started
 

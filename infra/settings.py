@@ -68,6 +68,8 @@ class Settings:
         profile_path: The inference workload profile file the processor buckets by (fit one with
             ``rollstream profile fit``). Default empty: the shipped profile
             (schemas/profiles/azure_conv_2023.toml).
+        vocab_size: The learner's vocabulary; token ids outside [0, vocab_size) fail at read time.
+            Default 32768.
     """
 
     state_dir: Path = field(default_factory=_default_state_dir)
@@ -89,6 +91,7 @@ class Settings:
     unknown_domains: str = "dead-letter"
     brokers: int = 1
     profile_path: str = ""
+    vocab_size: int = 32_768
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", self.state_dir.expanduser().resolve())
@@ -155,6 +158,10 @@ class Settings:
         if self.unknown_domains not in ("dead-letter", "task-type"):
             raise SettingsError(
                 f"unknown_domains = {self.unknown_domains!r}; use 'dead-letter' or 'task-type'"
+            )
+        if self.vocab_size < 2:
+            raise SettingsError(
+                f"vocab_size = {self.vocab_size} is too small; give the tokenizer's vocabulary size"
             )
         if not self.kafka_host:
             raise SettingsError("kafka_host is empty; set it to an address such as 127.0.0.1")

@@ -1,237 +1,55 @@
-"""consumers/ against a real trajectories Delta table on disk and a real MLflow sqlite store.
+"""The learner on a real trajectories table, a real MLflow sqlite store and real torch.
 
-The table is written here with deltalake from a pyarrow table of exactly the contract's schema
-(two appends, so versions 0 and 1), and every batch is checked against the source rows.
+Includes a learner SIGKILLed mid-run and resumed from its checkpoint, which must neither lose
+its place nor train on a row more often than its setting allows.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from datetime import UTC, datetime
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import mlflow
-import numpy as np
-import pyarrow as pa
 import pytest
 import torch
-from deltalake import write_deltalake
 from mlflow.tracking import MlflowClient
-from torch.utils.data import DataLoader
+from replay_support import PROFILE, make_rows, trainable, write_rows
 
 from consumers import (
+    CheckpointError,
     EmptySnapshotError,
-    ForkedReaderError,
     MissingTableError,
     PolicyInputError,
     TinyPolicy,
+    TokenRangeError,
     TrackingError,
-    TrajectoryDataset,
+    clipped_policy_loss,
     learn,
-    open_snapshot,
     policy_gradient_loss,
-    trajectory_loader,
 )
-from schemas.tables import TRAJECTORIES_SCHEMA as TRAJECTORIES
+from consumers.replay import load_checkpoint
 
-pytestmark = pytest.mark.timeout(120)
-
-STATUSES = ["ok", "fail", "ok", "error", "fail", "timeout", "skipped"]
-
-
-def make_rows(count: int, *, first: int, seed: int) -> list[dict[str, Any]]:
-    """Rows with varied lengths (some longer than 48 tokens) and every verifier status."""
-    rng = np.random.default_rng(seed)
-    now = datetime(2026, 1, 1, tzinfo=UTC)
-    rows = []
-    for i in range(first, first + count):
-        prompt = rng.integers(0, 32_768, int(rng.integers(1, 30))).tolist()
-        response = rng.integers(0, 32_768, int(rng.integers(0, 40))).tolist()
-        status = STATUSES[i % len(STATUSES)]
-        reward = 1.0 if status == "ok" else 0.0
-        length = len(prompt) + len(response)
-        rows.append(
-            {
-                "trajectory_id": f"t{i:03d}",
-                "group_id": f"g{i // 4}",
-                "sample_index": i % 4,
-                "group_size": 4,
-                "domain": "math/algebra",
-                "task_type": "math",
-                "policy_version": 3,
-                "prompt_tokens": prompt,
-                "response_tokens": response,
-                "response_logprobs": (-rng.random(len(response))).astype(np.float32).tolist(),
-                "response_text": "42",
-                "finish_reason": "stop",
-                "worker_id": "w0",
-                "created_at": now,
-                "metadata": [("seed", str(seed))],
-                "reward": reward,
-                "reward_components": [],
-                "verifier": "exact_answer",
-                "verifier_version": "1",
-                "verifier_status": status,
-                "domain_reward": reward - 0.5,
-                "advantage": float(rng.normal()),
-                "group_status": "complete",
-                "length": length,
-                "bucket": "short" if length <= 16 else "long" if length <= 32 else "ultra_long",
-                "profile_id": "test-profile",
-                "ingested_at": now,
-                "topic": "rollouts.raw",
-                "partition": i % 2,
-                "offset": i,
-            }
-        )
-    return rows
-
-
-def write_trajectories(uri: str, rows: list[dict[str, Any]]) -> None:
-    table = pa.Table.from_pylist(rows, schema=TRAJECTORIES)
-    write_deltalake(uri, table, partition_by=["bucket"], mode="append")
+pytestmark = pytest.mark.timeout(240)
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, Any]], set[str]]:
-    """(table uri, every row by id, ids of the first append), versions 0 and 1."""
+def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[str, Any]]]:
+    """(table uri, all rows): versions 0..2, policy_version = version."""
     uri = str(tmp_path_factory.mktemp("lake") / "trajectories")
-    first, second = make_rows(35, first=0, seed=1), make_rows(21, first=35, seed=2)
-    write_trajectories(uri, first)
-    write_trajectories(uri, second)
-    by_id = {row["trajectory_id"]: row for row in first + second}
-    return uri, by_id, {row["trajectory_id"] for row in first}
-
-
-def ids_with(
-    rows: dict[str, dict[str, Any]], statuses: tuple[str, ...], among: set[str] | None = None
-) -> set[str]:
-    return {
-        i for i, row in rows.items() if row["verifier_status"] in statuses and (among is None or i in among)
-    }
-
-
-def check_batch(batch: dict[str, Any], rows: dict[str, dict[str, Any]], max_length: int) -> None:
-    """Every tensor of `batch` against its source rows, including padding to the batch's longest."""
-    ids = batch["trajectory_ids"]
-    kept = []
-    for i, tid in enumerate(ids):
-        row = rows[tid]
-        prompt, response = row["prompt_tokens"], row["response_tokens"]
-        response = response[: max_length - min(len(prompt), 1)]
-        p = min(len(prompt), max_length - len(response))
-        tokens = prompt[len(prompt) - p :] + response
-        kept.append(len(tokens))
-        width = batch["input_ids"].shape[1]
-        assert batch["input_ids"][i, : len(tokens)].tolist() == tokens
-        assert not batch["input_ids"][i, len(tokens) :].any()
-        assert batch["attention_mask"][i].tolist() == [t < len(tokens) for t in range(width)]
-        assert batch["response_mask"][i].tolist() == [p <= t < len(tokens) for t in range(width)]
-        expected_lp = np.zeros(width, dtype=np.float32)
-        expected_lp[p : len(tokens)] = np.asarray(row["response_logprobs"], dtype=np.float32)[
-            : len(tokens) - p
-        ]
-        np.testing.assert_array_equal(batch["old_logprobs"][i].numpy(), expected_lp)
-        assert batch["advantages"][i].item() == pytest.approx(row["advantage"], rel=1e-6)
-        assert batch["rewards"][i].item() == row["reward"]
-    assert batch["input_ids"].shape == (len(ids), max(max(kept), 1))
-    assert batch["input_ids"].dtype == torch.int64
-    assert batch["attention_mask"].dtype == batch["response_mask"].dtype == torch.bool
-    assert batch["old_logprobs"].dtype == batch["advantages"].dtype == batch["rewards"].dtype == torch.float32
-    assert batch["advantages"].shape == batch["rewards"].shape == (len(ids),)
-
-
-def test_batches_equal_the_source_rows_padded_to_each_batch_longest(lake) -> None:
-    uri, rows, _ = lake
-    dataset = TrajectoryDataset(table_uri=uri, batch_size=7, shuffle_seed=3)
-    assert dataset.version == 1
-    seen: list[str] = []
-    widths = set()
-    for batch in dataset:
-        check_batch(batch, rows, max_length=2048)
-        seen += batch["trajectory_ids"]
-        widths.add(batch["input_ids"].shape[1])
-    assert len(seen) == len(set(seen)) == dataset.count_rows()
-    assert set(seen) == ids_with(rows, ("ok", "fail"))
-    assert len(widths) > 1
-
-
-def test_max_length_keeps_the_response_and_the_prompt_tail(lake) -> None:
-    uri, rows, _ = lake
-    batches = list(
-        TrajectoryDataset(table_uri=uri, batch_size=64, max_length=20, statuses=("ok", "fail", "skipped"))
-    )
-    assert len(batches) == 1
-    check_batch(batches[0], rows, max_length=20)
-    assert batches[0]["input_ids"].shape[1] == 20
-    kept_response = batches[0]["response_mask"].any(dim=1).tolist()
-    has_response = [bool(rows[tid]["response_tokens"]) for tid in batches[0]["trajectory_ids"]]
-    assert kept_response == has_response and any(has_response)  # no response is cut away whole
-
-
-def test_statuses_select_rows(lake) -> None:
-    uri, rows, _ = lake
-    dataset = TrajectoryDataset(table_uri=uri, batch_size=5, statuses=("error", "timeout"))
-    seen = [tid for batch in dataset for tid in batch["trajectory_ids"]]
-    assert sorted(seen) == sorted(ids_with(rows, ("error", "timeout")))
-    with pytest.raises(ValueError, match="statuses"):
-        TrajectoryDataset(table_uri=uri, statuses="ok")
-
-
-def test_version_zero_reads_only_the_first_append(lake) -> None:
-    uri, rows, first = lake
-    dataset = TrajectoryDataset(table_uri=uri, batch_size=4, version=0)
-    seen = {tid for batch in dataset for tid in batch["trajectory_ids"]}
-    assert dataset.version == 0
-    assert seen == ids_with(rows, ("ok", "fail"), among=first)
-    assert open_snapshot(uri).version == 1
-
-
-def test_shuffle_is_seeded_per_epoch_and_none_keeps_kafka_order(lake) -> None:
-    uri, _, _ = lake
-
-    def order(dataset: TrajectoryDataset) -> list[str]:
-        return [tid for batch in dataset for tid in batch["trajectory_ids"]]
-
-    plain = order(TrajectoryDataset(table_uri=uri, shuffle_seed=None))
-    assert plain == sorted(plain, key=lambda tid: (int(tid[1:]) % 2, int(tid[1:])))
-    shuffled = TrajectoryDataset(table_uri=uri, shuffle_seed=5)
-    epoch0 = order(shuffled)
-    assert epoch0 == order(shuffled) != plain
-    shuffled.set_epoch(1)
-    assert order(shuffled) != epoch0
-    assert sorted(order(shuffled)) == sorted(plain)
-
-
-def test_dataloader_workers_yield_disjoint_shares_covering_all(lake) -> None:
-    uri, rows, _ = lake
-    dataset = TrajectoryDataset(table_uri=uri, batch_size=4, max_length=32)
-    batches = list(trajectory_loader(dataset, num_workers=2, timeout=60))
-    seen = [tid for batch in batches for tid in batch["trajectory_ids"]]
-    assert len(seen) == len(set(seen))
-    assert set(seen) == ids_with(rows, ("ok", "fail"))
-    for batch in batches:
-        check_batch(batch, rows, max_length=32)
-
-
-def test_forked_workers_fail_fast_instead_of_hanging(lake) -> None:
-    dataset = TrajectoryDataset(table_uri=lake[0], batch_size=4)
-    # One worker: torch takes ~5 s per worker to shut down after a worker raised.
-    loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork", timeout=60)
-    batches = iter(loader)
-    with pytest.raises(ForkedReaderError, match="multiprocessing_context='spawn'"):
-        next(batches)
-    del batches
-
-
-def test_missing_table_or_version_is_a_clear_error(tmp_path: Path, lake) -> None:
-    missing = tmp_path / "lake" / "trajectories"
-    with pytest.raises(MissingTableError, match="rollstream process") as info:
-        TrajectoryDataset(table_uri=str(missing))
-    assert str(missing) in str(info.value)
-    with pytest.raises(MissingTableError, match="latest version is 1"):
-        open_snapshot(lake[0], version=9)
+    rows: list[dict[str, Any]] = []
+    for k in range(3):
+        append = make_rows(150, first=150 * k, seed=k, policy_version=k)
+        write_rows(uri, append)
+        rows += append
+    return uri, rows
 
 
 def test_policy_scores_each_token_given_its_prefix() -> None:
@@ -245,8 +63,6 @@ def test_policy_scores_each_token_given_its_prefix() -> None:
     out = policy.logprobs(ids, mask)
     assert out.shape == (2, 4)
     assert (out[:, 0] == 0).all() and (out[~mask] == 0).all() and (out[:, 1:][mask[:, 1:]] < 0).all()
-    hidden, _ = policy.rnn(policy.embed(ids[:1]))
-    torch.testing.assert_close(out[0, 2], policy.score(hidden[0, 1:2], ids[0, 2:3])[0])
     with pytest.raises(PolicyInputError, match="vocab_size"):
         policy.logprobs(torch.tensor([[1, 37]]), torch.ones(1, 2, dtype=torch.bool))
 
@@ -257,17 +73,32 @@ def test_policy_gradient_loss_is_the_masked_token_mean() -> None:
     advantages = torch.tensor([1.0, -2.0])
     loss = policy_gradient_loss(logp, advantages, mask)
     assert loss.item() == pytest.approx(-(1 * -2 + 1 * -3 + -2 * -0.5) / 3)
+
+
+def test_clipped_loss_uses_the_importance_ratio_and_reports_clipping() -> None:
+    new = torch.tensor([[0.0, -1.0, -1.0, -1.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -1.0, -2.0, -0.5]])
+    mask = torch.tensor([[False, True, True, True]])
+    loss, parts = clipped_policy_loss(new, old, torch.tensor([1.0]), mask, clip_epsilon=0.2)
+    ratios = torch.exp(new - old)[0, 1:].detach()
+    expected = -(torch.minimum(ratios, ratios.clamp(0.8, 1.2))).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert parts["clip_fraction"] == pytest.approx(2 / 3)  # e^1 and e^-0.5 leave [0.8, 1.2]
     loss.backward()
-    assert logp.grad is not None
-    torch.testing.assert_close(logp.grad, torch.tensor([[0, -1 / 3, -1 / 3], [0, 2 / 3, 0]]))
-    same = policy_gradient_loss(logp, advantages, mask, old_logprobs=logp.detach(), clip_epsilon=0.2)
-    assert same.item() == pytest.approx(-(1 + 1 - 2) / 3)
+    assert new.grad is not None and new.grad[0, 1].item() != 0 and new.grad[0, 2].item() == 0
+    ref = torch.tensor([[0.0, -1.0, -1.5, -1.0]])
+    with_kl, kl_parts = clipped_policy_loss(
+        new, old, torch.tensor([1.0]), mask, ref_logprobs=ref, kl_coef=0.5
+    )
+    delta = torch.tensor(-0.5)
+    assert kl_parts["kl"] == pytest.approx(((torch.exp(delta) - delta - 1) / 3).item(), rel=1e-5)
+    assert with_kl.item() == pytest.approx(loss.item() + 0.5 * kl_parts["kl"], rel=1e-5)
 
 
-def test_learn_steps_and_tracks_lineage_in_mlflow(
+def test_learn_trains_and_tracks_metrics_lineage_and_profile(
     lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    uri, rows, first = lake
+    uri, rows = lake
     workdir = tmp_path / "cwd"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
@@ -277,55 +108,82 @@ def test_learn_steps_and_tracks_lineage_in_mlflow(
         table_uri=uri,
         tracking_uri=tracking_uri,
         experiment="t",
-        steps=4,
-        batch_size=8,
-        max_length=64,
-        seed=0,
+        steps=6,
+        token_budget=512,
+        max_length=96,
+        kl_coef=0.1,
         progress=lines.append,
     )
-    assert len(lines) == 4 and lines[-1].startswith("step 4/4 loss=")
-    assert result.table_version == 1 and result.table_uri == uri
-    assert result.rows_read == len(ids_with(rows, ("ok", "fail")))
-    assert math.isfinite(result.final_loss)
-    assert 0.0 < result.reward_mean < 1.0
+    assert len(lines) == 6 and lines[-1].startswith("step 6/6 loss=")
+    assert result.table_version == 2 and result.first_table_version == 0 and result.steps == 6
+    assert math.isfinite(result.final_loss) and result.rows_trained > 0
+    initial = TinyPolicy()
     torch.manual_seed(0)
-    initial = TinyPolicy().state_dict()
-    trained = result.policy.state_dict()
-    assert any(not torch.equal(initial[name], trained[name]) for name in initial)
+    initial = TinyPolicy()
+    assert any(not torch.equal(initial.state_dict()[k], v) for k, v in result.policy.state_dict().items())
 
     client = MlflowClient(tracking_uri)
     run = client.get_run(result.run_id)
-    assert run.info.status == "FINISHED" and run.info.experiment_id == result.experiment_id
+    assert run.info.status == "FINISHED"
     assert run.data.tags["rollstream.table_uri"] == uri
-    assert run.data.tags["rollstream.table_version"] == "1"
+    assert run.data.tags["rollstream.table_version"] == "2"
+    assert run.data.tags["rollstream.table_versions"] == "0-2"
     for key, value in {
-        "steps": "4",
-        "batch_size": "8",
-        "max_length": "64",
-        "seed": "0",
-        "lr": "0.001",
-        "table_uri": uri,
-        "table_version": "1",
+        "steps": "6",
+        "token_budget": "512",
+        "max_length": "96",
+        "vocab_size": "32768",
+        "kl_coef": "0.1",
+        "profile_id": PROFILE.id,
     }.items():
         assert run.data.params[key] == value
-    loss_history = client.get_metric_history(result.run_id, "loss")
-    assert [m.step for m in loss_history] == [0, 1, 2, 3]
-    assert loss_history[-1].value == pytest.approx(result.final_loss)
-    assert len(client.get_metric_history(result.run_id, "tokens")) == 4
-    assert run.data.metrics["final_reward_mean"] == pytest.approx(result.reward_mean)
-    assert run.data.metrics["rows_read"] == result.rows_read
+    history = {
+        m: client.get_metric_history(result.run_id, m)
+        for m in (
+            "loss",
+            "clip_fraction",
+            "padding_waste",
+            "samples_per_s",
+            "tokens_per_s",
+            "kl",
+            "bucket_distance",
+            "staleness/lag_0",
+            "bucket_share/short",
+            "bucket_target/short",
+        )
+    }
+    for name, points in history.items():
+        assert [p.step for p in points] == list(range(6)), name
+    assert history["loss"][-1].value == pytest.approx(result.final_loss)
+    assert history["bucket_target/short"][0].value == pytest.approx(PROFILE.targets["short"])
+    domains = {k for k in run.data.metrics if k.startswith("reward/domain/")}
+    assert domains and domains <= {
+        f"reward/domain/{d}" for d in ("math/algebra", "code/python", "extraction/invoice")
+    }
+    assert any(k.startswith("reward/task_type/") for k in run.data.metrics)
+    lag_bins = [k for k in run.data.metrics if k.startswith("staleness/lag_")]
+    assert len(lag_bins) == 5
     (dataset_input,) = run.inputs.dataset_inputs
-    assert dataset_input.dataset.name == "trajectories@v1"
+    assert dataset_input.dataset.name == "trajectories@v0-v2"
     assert mlflow.data.get_source(dataset_input).path == uri
-
-    again = learn(table_uri=uri, tracking_uri=tracking_uri, experiment="t", steps=5, batch_size=8, version=0)
-    assert again.rows_read == len(ids_with(rows, ("ok", "fail"), among=first)) < 5 * 8
-    found = client.search_runs([result.experiment_id], "tags.`rollstream.table_version` = '0'")
-    assert [r.info.run_id for r in found] == [again.run_id]
-    assert len(client.get_metric_history(again.run_id, "loss")) == 5
+    artifacts = [a.path for a in client.list_artifacts(result.run_id, "profile")]
+    assert artifacts == ["profile/azure_conv_2023.toml"]
     assert list(workdir.iterdir()) == []
-    artifacts = client.get_experiment(result.experiment_id).artifact_location
-    assert artifacts == (tmp_path / "mlartifacts").as_uri()
+
+    again = learn(
+        table_uri=uri,
+        tracking_uri=tracking_uri,
+        experiment="t",
+        steps=3,
+        token_budget=512,
+        max_length=96,
+        start_version=1,
+        end_version=1,
+    )
+    found = client.search_runs([result.experiment_id], "tags.`rollstream.table_versions` = '1-1'")
+    assert [r.info.run_id for r in found] == [again.run_id]
+    assert client.get_run(again.run_id).inputs.dataset_inputs[0].dataset.name == "trajectories@v1"
+    assert {r["policy_version"] for r in rows} == {0, 1, 2}
 
 
 def test_learn_refuses_bad_inputs_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,9 +192,124 @@ def test_learn_refuses_bad_inputs_clearly(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(MissingTableError, match="rollstream process"):
         learn(table_uri=str(tmp_path / "nowhere"), tracking_uri=tracking_uri)
     skipped = [dict(row, verifier_status="skipped") for row in make_rows(5, first=0, seed=3)]
-    write_trajectories(str(tmp_path / "skipped"), skipped)
-    with pytest.raises(EmptySnapshotError, match="no rows with verifier_status"):
-        learn(table_uri=str(tmp_path / "skipped"), tracking_uri=tracking_uri)
+    write_rows(str(tmp_path / "skipped"), skipped)
+    with pytest.raises(EmptySnapshotError, match="no row to train on"):
+        learn(table_uri=str(tmp_path / "skipped"), tracking_uri=tracking_uri, token_budget=512, max_length=64)
     with pytest.raises(TrackingError, match="no scheme"):
         learn(table_uri=str(tmp_path / "skipped"), tracking_uri="mlflow.db")
-    assert not (tmp_path / "mlflow.db").exists()
+    write_rows(str(tmp_path / "wide"), make_rows(20, first=0, seed=4, vocab=40_000, all_trainable=True))
+    with pytest.raises(TokenRangeError, match="vocab_size"):
+        learn(table_uri=str(tmp_path / "wide"), tracking_uri=tracking_uri, token_budget=512, max_length=64)
+    ok = learn(
+        table_uri=str(tmp_path / "wide"),
+        tracking_uri=tracking_uri,
+        steps=1,
+        vocab_size=40_000,
+        dim=4,
+        token_budget=512,
+        max_length=64,
+    )
+    assert ok.steps == 1
+
+
+_LEARNER = """
+import sys
+from consumers import learn
+learn(table_uri=sys.argv[1], tracking_uri=sys.argv[2], experiment="resume", steps=None,
+      token_budget=256, max_length=64, max_uses=1, checkpoint_path=sys.argv[3], checkpoint_every=1,
+      rows_log=sys.argv[4], dim=32, profile_matched=False)
+"""
+
+
+def test_learner_sigkilled_and_resumed_reuses_no_row_beyond_its_setting(lake, tmp_path: Path) -> None:
+    uri, rows = lake
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    checkpoint, rows_log = tmp_path / "learner.ckpt", tmp_path / "rows.jsonl"
+    args = [sys.executable, "-c", _LEARNER, uri, tracking_uri, str(checkpoint), str(rows_log)]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    child = subprocess.Popen(args, cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if rows_log.exists() and len(rows_log.read_text().splitlines()) >= 8:
+            break
+        time.sleep(0.02)
+    assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert not list(tmp_path.glob("*.partial")) or checkpoint.exists()
+    killed_at = len(rows_log.read_text().splitlines())
+
+    resumed = learn(
+        table_uri=uri,
+        tracking_uri=tracking_uri,
+        experiment="resume",
+        steps=None,
+        token_budget=256,
+        max_length=64,
+        max_uses=1,
+        checkpoint_path=checkpoint,
+        checkpoint_every=1,
+        rows_log=rows_log,
+        dim=32,
+        profile_matched=False,
+    )
+    assert 0 < resumed.resumed_from <= killed_at
+    lineage: dict[int, list[str]] = {}
+    for line in rows_log.read_text().splitlines():
+        entry = json.loads(line)
+        lineage[entry["step"]] = entry["ids"]  # a replayed step replaces the one the crash lost
+    assert sorted(lineage) == list(range(1, resumed.steps + 1))
+    trained = [tid for step in sorted(lineage) for tid in lineage[step]]
+    assert len(trained) == len(set(trained))  # max_uses=1: no row twice along the surviving lineage
+    assert set(trained) == {r["trajectory_id"] for r in trainable(rows)}
+    assert MlflowClient(tracking_uri).get_run(resumed.run_id).data.params["max_uses"] == "1"
+    with pytest.raises(CheckpointError, match="max_uses"):
+        learn(
+            table_uri=uri,
+            tracking_uri=tracking_uri,
+            experiment="resume",
+            checkpoint_path=checkpoint,
+            max_uses=2,
+            token_budget=256,
+            max_length=64,
+            dim=32,
+            profile_matched=False,
+        )
+
+
+def test_cli_learn_follow_keeps_training_as_the_table_grows_until_sigterm(tmp_path: Path) -> None:
+    lake_dir = tmp_path / "lake"
+    uri = str(lake_dir / "trajectories")
+    write_rows(uri, make_rows(80, first=0, seed=0, all_trainable=True))
+    env = {
+        **os.environ,
+        "ROLLSTREAM_STATE_DIR": str(tmp_path / "state"),
+        "ROLLSTREAM_LAKE_DIR": str(lake_dir),
+        "ROLLSTREAM_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    command = [sys.executable, "-m", "infra.cli", "learn", "--follow", "--max-uses", "1", "--token-budget", "512",
+               "--max-length", "96", "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "1", "--no-profile-match"]  # fmt: skip
+    child = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for k in range(1, 5):
+            time.sleep(1.0)
+            write_rows(uri, make_rows(40, first=80 * k, seed=k, all_trainable=True))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and child.poll() is None:
+            state = load_checkpoint(tmp_path / "ckpt")
+            if state is not None and state["totals"]["rows"] >= 80 + 4 * 40:
+                break
+            time.sleep(0.5)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err[-2000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["table_version"] == 4 and result["steps"] > 0
+    assert result["rows_trained"] == 80 + 4 * 40

@@ -1,0 +1,188 @@
+"""Token-budget batches from stored rows: padded with masks, or packed in the varlen layout.
+
+`plan_batches` groups rows of similar length (sorted by length, cut greedily) so that a padded
+batch of at most `token_budget` slots (rows x its longest row) wastes little; a packed batch
+holds at most `token_budget` real tokens. `collate` gathers the rows from their chunks.
+Packed batches follow flash-attention's varlen convention: one (1, T) sequence of all rows,
+`position_ids` restarting at 0 per row, and `cu_seqlens` the int32 cumulative row lengths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from consumers.batching import RaggedColumn, TrajectoryBatch, TrajectoryColumns
+from consumers.replay.chunk import Chunk
+
+Layout = Literal["padded", "packed"]
+
+
+class ReplayBatch(TrajectoryBatch):
+    """A padded batch plus what the learner logs and reports back.
+
+    `keys` identify rows for `PrioritizedSampler.update`; `policy_versions` give the lag;
+    `padding_waste` is the share of the (rows x width) slots that are padding.
+    """
+
+    keys: torch.Tensor
+    policy_versions: torch.Tensor
+    buckets: list[str]
+    domains: list[str]
+    task_types: list[str]
+    padding_waste: float
+    tokens: int
+
+
+class PackedBatch(TypedDict):
+    """All rows back to back in one (1, T) sequence (no padding)."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    response_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    trajectory_ids: list[str]
+    keys: torch.Tensor
+    policy_versions: torch.Tensor
+    buckets: list[str]
+    domains: list[str]
+    task_types: list[str]
+    padding_waste: float
+    tokens: int
+
+
+def kept_lengths(lengths: npt.NDArray[np.int64], max_length: int) -> npt.NDArray[np.int64]:
+    """Row lengths after cutting to `max_length`."""
+    return np.minimum(lengths, max_length)
+
+
+def plan_batches(
+    lengths: npt.NDArray[np.int64], *, token_budget: int, layout: Layout, max_waste: float = 0.05
+) -> list[npt.NDArray[np.int64]]:
+    """Split row indexes 0..n-1 into batches within the token budget, similar lengths together.
+
+    Rows are sorted longest first and cut greedily. Padded: rows x longest row <= budget, and a
+    batch ends early rather than take a row shorter than (1 - max_waste) x its longest, so no
+    batch wastes more than `max_waste` of its slots on padding. Packed: sum of lengths <= budget.
+    A row alone always fits (lengths are cut to max_length <= budget before planning).
+    """
+    order = np.argsort(-lengths, kind="stable")
+    ordered = lengths[order]
+    batches: list[npt.NDArray[np.int64]] = []
+    start = 0
+    n = len(order)
+    while start < n:
+        if layout == "padded":
+            width = max(int(ordered[start]), 1)
+            end = min(start + max(token_budget // width, 1), n)
+            floor = width * (1.0 - max_waste)
+            end = start + 1 + int(np.searchsorted(-ordered[start + 1 : end], -floor, side="right"))
+        else:
+            cumulative = np.cumsum(ordered[start:])
+            end = start + max(int(np.searchsorted(cumulative, token_budget, side="right")), 1)
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def gather_columns(
+    chunks: Sequence[Chunk], chunk_of: npt.NDArray[np.int64], row_of: npt.NDArray[np.int64]
+) -> TrajectoryColumns:
+    """The selected rows (chunk position, row within it) as one small set of columns, in order."""
+    prompt_parts, response_parts, logprob_parts = [], [], []
+    advantages, rewards = [], []
+    ids: list[str] = []
+    order = np.arange(len(row_of))
+    for c in np.unique(chunk_of):
+        inside = order[chunk_of == c]
+        chunk, rows = chunks[int(c)], row_of[inside]
+        prompt_parts.append((inside, _take(chunk.prompt, rows)))
+        response_parts.append((inside, _take(chunk.response, rows)))
+        logprob_parts.append((inside, _take(chunk.logprobs, rows)))
+        advantages.append((inside, chunk.advantage[rows]))
+        rewards.append((inside, chunk.reward[rows]))
+    trajectory_ids = np.empty(len(row_of), dtype=object)
+    for c in np.unique(chunk_of):
+        inside = order[chunk_of == c]
+        trajectory_ids[inside] = chunks[int(c)].trajectory_ids[row_of[inside]]
+    ids = [str(i) for i in trajectory_ids]
+    return TrajectoryColumns(
+        prompt=_assemble(prompt_parts, len(row_of)),
+        response=_assemble(response_parts, len(row_of)),
+        logprobs=_assemble(logprob_parts, len(row_of)),
+        advantages=_place(advantages, len(row_of), np.float32),
+        rewards=_place(rewards, len(row_of), np.float32),
+        trajectory_ids=ids,
+    )
+
+
+def packed(columns: TrajectoryColumns, max_length: int) -> dict[str, object]:
+    """The varlen layout of `columns`' rows, each cut like the padded batch (prompt tail, response head)."""
+    rows = np.arange(len(columns), dtype=np.int64)
+    padded = columns.batch(rows, max_length)
+    mask = padded["attention_mask"]
+    lengths = mask.sum(dim=1)
+    cu = torch.zeros(len(rows) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, dim=0)
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    return {
+        "input_ids": padded["input_ids"][mask][None, :],
+        "position_ids": positions[mask][None, :],
+        "cu_seqlens": cu,
+        "max_seqlen": int(lengths.max()) if len(rows) else 0,
+        "response_mask": padded["response_mask"][mask][None, :],
+        "old_logprobs": padded["old_logprobs"][mask][None, :],
+        "advantages": padded["advantages"],
+        "rewards": padded["rewards"],
+        "trajectory_ids": padded["trajectory_ids"],
+    }
+
+
+def _take(column: RaggedColumn, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], np.ndarray]:
+    """Lengths and concatenated values of `rows` of a ragged column, vectorized."""
+    starts = column.offsets[rows]
+    lengths = column.offsets[rows + 1] - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return lengths, column.values[:0]
+    within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return lengths, column.values[np.repeat(starts, lengths) + within]
+
+
+def _assemble(
+    parts: list[tuple[np.ndarray, tuple[npt.NDArray[np.int64], np.ndarray]]], count: int
+) -> RaggedColumn:
+    """Ragged parts (each for some output positions) into one ragged column in output order."""
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(count)):
+        lengths, values = parts[0][1]
+        offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return RaggedColumn(offsets=offsets, values=values)
+    lengths = np.zeros(count, dtype=np.int64)
+    for inside, (part_lengths, _) in parts:
+        lengths[inside] = part_lengths
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.empty(int(offsets[-1]), dtype=parts[0][1][1].dtype) if parts else np.zeros(0)
+    for inside, (part_lengths, part_values) in parts:
+        total = int(part_lengths.sum())
+        if total == 0:
+            continue
+        within = np.arange(total) - np.repeat(np.cumsum(part_lengths) - part_lengths, part_lengths)
+        values[np.repeat(offsets[inside], part_lengths) + within] = part_values
+    return RaggedColumn(offsets=offsets, values=values)
+
+
+def _place(parts: list[tuple[np.ndarray, np.ndarray]], count: int, dtype: type) -> np.ndarray:
+    out: np.ndarray = np.zeros(count, dtype=dtype)
+    for inside, values in parts:
+        out[inside] = values
+    return out
