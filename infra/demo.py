@@ -100,6 +100,7 @@ def publish_synthetic(
 ) -> dict[str, int]:
     """Publish `trajectories` fleet records plus malformed ones; returns acked counts."""
     from producers import Publisher, SyntheticFleet, malformed_messages
+    from schemas.profile import load_profile
 
     if trajectories < 1:
         raise DemoError(f"--trajectories must be at least 1, got {trajectories}")
@@ -113,7 +114,9 @@ def publish_synthetic(
     )
     every = max(1, trajectories // 10)
     with Publisher(bootstrap_servers=settings.bootstrap_servers, topic=settings.raw_topic) as publisher:
-        for i, record in enumerate(SyntheticFleet(seed).trajectories(good), start=1):
+        # Lengths drawn from the inference workload profile the processor buckets by.
+        fleet = SyntheticFleet(seed, profile=load_profile(settings.profile_path or None))
+        for i, record in enumerate(fleet.trajectories(good), start=1):
             publisher.publish(record)
             if i % every == 0:
                 progress(f"  published {i}/{trajectories}")
