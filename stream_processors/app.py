@@ -326,6 +326,7 @@ def create_app(
         return await settle(asyncio.get_running_loop().run_in_executor(sink_thread, with_safe(work)))
 
     caught_up = {"raw": True, "ultra": True}
+    judging = {"raw": False, "ultra": False}
 
     async def sink_batches(stream: faust.StreamT, size: int, lane_name: str) -> None:
         """Judge batch N+1 in the lane's thread while the sink thread accepts batch N."""
@@ -354,9 +355,13 @@ def create_app(
                 ]
                 acks.hold(events, stream)
                 try:
-                    judged, cancelled = await run_to_completion(
-                        loop, lanes[lane_name], functools.partial(stage.judge, messages)
-                    )
+                    judging[lane_name] = True
+                    try:
+                        judged, cancelled = await run_to_completion(
+                            loop, lanes[lane_name], functools.partial(stage.judge, messages)
+                        )
+                    finally:
+                        judging[lane_name] = False
                     if in_flight is not None:
                         cancelled = await settle(in_flight) or cancelled
                     caught_up[lane_name] = len(events) < size
@@ -417,7 +422,9 @@ def create_app(
         if preflight is None or not preflight.done() or app.should_stop:
             return
         try:
-            await step(functools.partial(stage.tick, caught_up=all(caught_up.values())))
+            quiet = all(caught_up.values())
+            idle = quiet and not any(judging.values())
+            await step(functools.partial(stage.tick, caught_up=quiet, idle=idle))
         except Exception as exc:
             log.exception("releasing timed-out groups failed; stopping")
             await app.crash(exc)

@@ -1,10 +1,12 @@
 """Prompt groups waiting for their samples, across batches and across rollouts.raw and rollouts.ultra.
 
 A group is decided when all `group_size` samples are in (complete), or by the timeout rule:
-  1. event time: the newest `created_at` the worker has seen is more than `event_timeout_s` past
-     the group's oldest sample (deterministic on a replay of the same interleaving); or
+  1. event time: the newest `created_at` seen in the group's own partitions is more than
+     `event_timeout_s` past the group's oldest sample (per partition, so a partition consumed
+     ahead of another never times out the other's groups; deterministic on a replay); or
   2. wall clock: the group has waited `wall_timeout_s` in this process since its first sample
-     arrived (a backstop for a quiet stream, where no newer event time comes).
+     arrived, and the worker is idle (caught up, nothing being judged): a backstop for a quiet
+     stream, where no newer event time comes, that never fires while a backlog is worked off.
 Either way the group is released as "timed_out" with the samples it has. Samples are keyed by
 (group_id, sample_index). A second sample with an index already pending is released at once on
 its own as "duplicate", and a sample of a group decided recently (`remember` ids are kept) as
@@ -52,6 +54,7 @@ class PendingGroup:
     first_wall: float
     samples: dict[int, Sample] = field(default_factory=dict)
     oldest_ms: int = 2**62
+    partitions: set[TopicPartition] = field(default_factory=set)
 
     @property
     def complete(self) -> bool:
@@ -92,7 +95,7 @@ class GroupBuffer:
         self.remember = remember
         self._pending: OrderedDict[str, PendingGroup] = OrderedDict()
         self._decided: OrderedDict[str, None] = OrderedDict()
-        self._watermark_ms = -(2**62)
+        self._watermarks: dict[TopicPartition, int] = {}
         self.nbytes = 0
 
     def __len__(self) -> int:
@@ -119,18 +122,21 @@ class GroupBuffer:
             return DecidedGroup(group_id, [sample], "duplicate")
         group.samples[index] = sample
         group.oldest_ms = min(group.oldest_ms, sample.created_ms)
-        self._watermark_ms = max(self._watermark_ms, sample.created_ms)
+        tp = (sample.coordinates.topic, sample.coordinates.partition)
+        group.partitions.add(tp)
+        self._watermarks[tp] = max(self._watermarks.get(tp, -(2**62)), sample.created_ms)
         self.nbytes += sample.nbytes
         return self._release(group_id, "complete") if group.complete else None
 
-    def expire(self, now: float | None = None) -> list[DecidedGroup]:
-        """Release the groups the timeout rule decides (oldest first)."""
+    def expire(self, now: float | None = None, *, idle: bool = True) -> list[DecidedGroup]:
+        """Release the groups the timeout rule decides (oldest first); rule 2 only when `idle`."""
         now = time.monotonic() if now is None else now
         due = [
             gid
             for gid, g in self._pending.items()
-            if self._watermark_ms - g.oldest_ms > self.event_timeout_ms
-            or now - g.first_wall >= self.wall_timeout_s
+            if max(self._watermarks.get(tp, -(2**62)) for tp in g.partitions) - g.oldest_ms
+            > self.event_timeout_ms
+            or (idle and now - g.first_wall >= self.wall_timeout_s)
         ]
         return [self._release(gid, "timed_out") for gid in due]
 

@@ -193,11 +193,14 @@ class Stage:
                 executions_written=executions,
             )
 
-    def tick(self, now: float | None = None, *, caught_up: bool = False) -> int:
-        """Release timed-out groups and commit a due outbox; returns rows written."""
+    def tick(self, now: float | None = None, *, caught_up: bool = False, idle: bool = True) -> int:
+        """Release timed-out groups and commit a due outbox; returns rows written.
+
+        `idle` (caught up and nothing being judged) allows the wall-clock timeout (groups.py).
+        """
         with self._lock:
             now = time.monotonic() if now is None else now
-            for decided in self.groups.expire(now):
+            for decided in self.groups.expire(now, idle=idle):
                 self._decide(decided, now)
             return self._maybe_commit(now, caught_up=caught_up)
 
