@@ -24,7 +24,7 @@ from infra.processes import ProcessStatus
 from infra.topics import admin_client
 
 DEFAULT_GROUP = "rollstream-processor"
-LAKE_TABLES = ("trajectories", "dead_letters")
+LAKE_TABLES = ("trajectories", "dead_letters", "executions", "rescores")
 TIMEOUT_S = 5.0
 
 
