@@ -14,7 +14,7 @@ from infra.kafka_jars import ensure_jars
 from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
 from infra.processes import ProcessStatus, stderr_progress
 from infra.settings import Settings
-from infra.topics import TopicChange, admin_client, load_topics, provision_topics
+from infra.topics import TopicChange, admin_client, load_topics, provision_topics, wait_until_served
 
 STATUS_TIMEOUT_S = 5.0
 
@@ -117,7 +117,9 @@ def up(
     specs = load_topics(settings)
     jars = ensure_jars(settings, progress=progress)
     start_broker(settings, jars=jars, specs=specs, progress=progress)
-    changes = provision_topics(admin_client(settings.bootstrap_servers), specs)
+    admin = admin_client(settings.bootstrap_servers)
+    changes = provision_topics(admin, specs)
+    wait_until_served(admin, [spec.name for spec in specs])
     for change in changes:
         if change.action != "unchanged":
             progress(f"topic {change}")

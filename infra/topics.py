@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -17,6 +17,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewPartitions,
     NewTopic,
+    OffsetSpec,
     ResourceType,
 )
 
@@ -244,3 +245,37 @@ def describe_topic_configs(admin: AdminClient, topic: str, timeout: float = 30.0
     resource = ConfigResource(ResourceType.TOPIC, topic)
     entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
     return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+
+
+def wait_until_served(admin: AdminClient, topics: Iterable[str], timeout: float = 60.0) -> None:
+    """Wait until every partition of `topics` answers an end-offset request (a leader serves it).
+
+    Right after a topic is created its partitions can answer "not leader" for a moment: a client
+    that asks at once (the demo reading end offsets) fails. `up` waits here instead.
+
+    Raises:
+        TopicProvisionError: some partition still had no serving leader after `timeout` seconds.
+    """
+    names = list(topics)
+    last_error = "no answer yet"
+
+    def served() -> bool | None:
+        nonlocal last_error
+        metadata = admin.list_topics(timeout=10).topics
+        request = {}
+        for name in names:
+            topic = metadata.get(name)
+            if topic is None or topic.error is not None:
+                last_error = f"{name}: {topic.error if topic is not None else 'not in metadata'}"
+                return None
+            request.update({TopicPartition(name, p): OffsetSpec.latest() for p in topic.partitions})
+        try:
+            for future in admin.list_offsets(request, request_timeout=10).values():
+                future.result(timeout=10)
+        except KafkaException as exc:
+            last_error = exc.args[0].str() if exc.args else str(exc)
+            return None
+        return True
+
+    if not poll_until(served, timeout=timeout, interval=0.3):
+        raise TopicProvisionError(f"topics {names} were not served within {timeout:.0f} s: {last_error}")
