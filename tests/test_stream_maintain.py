@@ -1,0 +1,54 @@
+"""Table upkeep against the real processor: compaction, checkpoint and vacuum while it writes."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from stream_support import (
+    group_name_fixture,  # noqa: F401 (provides the group_name fixture)
+    publish,
+    start_worker,
+    stop_worker,
+    table_rows,
+    wait_for,
+)
+
+from infra.maintenance import maintain_table
+from producers.fleet import SyntheticFleet
+from schemas import TrajectoryCodec
+
+pytestmark = pytest.mark.timeout(600)
+APP_ID = "maintain-e2e"
+NON_CODE = ("math", "extraction", "precomputed")  # no sandbox runs: upkeep is what this test is about
+
+
+def test_maintain_while_the_processor_writes_loses_and_doubles_nothing(
+    bootstrap_servers, make_topic, group_name, tmp_path
+):
+    raw = make_topic("maintain-raw", partitions=4)
+    dlq = make_topic("maintain-dlq", partitions=1, config={"max.message.bytes": "67108864"})
+    codec = TrajectoryCodec()
+    fleet = SyntheticFleet(seed=5, group_size=4)
+    records = [r for r in fleet.trajectories(3_000) if r["task_type"] in NON_CODE]
+    records = records[: len(records) - len(records) % 4]
+    first, second = records[: len(records) // 2], records[len(records) // 2 :]
+    lake, logs = tmp_path / "lake", tmp_path / "logs"
+    logs.mkdir()
+    traj = lake / "trajectories"
+
+    publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in first])
+    log = logs / "worker-0.log"
+    proc = start_worker(bootstrap_servers, lake, raw, dlq, APP_ID, group_name("maintain-a"), log)
+    try:
+        wait_for(lambda: table_rows(traj) >= len(first), 300, proc, log, "the first half")
+        publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in second])
+        report = maintain_table(str(traj), delete=True)  # while the second half is being written
+        wait_for(lambda: table_rows(traj) >= len(records), 300, proc, log, "every row")
+    finally:
+        assert stop_worker(proc, log) == 0, log.read_text()[-3000:]
+    assert report.compaction["numFilesRemoved"] >= 2 and report.checkpointed
+
+    frame = pl.read_delta(str(traj))
+    assert frame.height == len(records)
+    assert frame.select("topic", "partition", "offset").n_unique() == len(records)
+    assert frame["trajectory_id"].n_unique() == len(records)
