@@ -423,7 +423,9 @@ def create_app(
             return
         try:
             quiet = all(caught_up.values())
-            idle = quiet and not any(judging.values())
+            # Not `quiet and ...`: a worker whose last batch was full and then got nothing more
+            # must still release its last pending group (a 1,500-message demo stalled on it).
+            idle = not any(judging.values())
             await step(functools.partial(stage.tick, caught_up=quiet, idle=idle))
         except Exception as exc:
             log.exception("releasing timed-out groups failed; stopping")

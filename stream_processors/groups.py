@@ -5,8 +5,8 @@ A group is decided when all `group_size` samples are in (complete), or by the ti
      `event_timeout_s` past the group's oldest sample (per partition, so a partition consumed
      ahead of another never times out the other's groups; deterministic on a replay); or
   2. wall clock: the group has waited `wall_timeout_s` in this process since its first sample
-     arrived, and the worker is idle (caught up, nothing being judged): a backstop for a quiet
-     stream, where no newer event time comes, that never fires while a backlog is worked off.
+     arrived, and no batch is being judged: a backstop for a quiet stream, where no newer event
+     time comes, that never fires while slow judging holds the rest of the group.
 Either way the group is released as "timed_out" with the samples it has. Samples are keyed by
 (group_id, sample_index). A second sample with an index already pending is released at once on
 its own as "duplicate", and a sample of a group decided recently (`remember` ids are kept) as

@@ -196,7 +196,7 @@ class Stage:
     def tick(self, now: float | None = None, *, caught_up: bool = False, idle: bool = True) -> int:
         """Release timed-out groups and commit a due outbox; returns rows written.
 
-        `idle` (caught up and nothing being judged) allows the wall-clock timeout (groups.py).
+        `idle` (no batch being judged) allows the wall-clock timeout (groups.py).
         """
         with self._lock:
             now = time.monotonic() if now is None else now
