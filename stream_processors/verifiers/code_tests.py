@@ -53,7 +53,16 @@ def run_harness(
     return report, execution
 
 
-class CodeTestsVerifier(Verifier):
+class SandboxedVerifier(Verifier):
+    """A verifier that runs code in the sandbox, with an optional read-only environment at /env."""
+
+    def __init__(self, sandbox: Sandbox, *, environment: Environment | None = None, limits: Limits) -> None:
+        self.sandbox = sandbox
+        self.environment = environment
+        self.limits = limits
+
+
+class CodeTestsVerifier(SandboxedVerifier):
     """Runs ``response_text`` then its ``unit_tests`` in the sandbox, one test function at a time.
 
     Components: passed, failed, errored (counts of test functions). Status "ok" when every test
@@ -69,11 +78,6 @@ class CodeTestsVerifier(Verifier):
 
     name = "code_tests"
     version = "1.0.0"
-
-    def __init__(self, sandbox: Sandbox, *, environment: Environment | None = None, limits: Limits) -> None:
-        self.sandbox = sandbox
-        self.environment = environment
-        self.limits = limits
 
     def verify(self, record: Mapping[str, Any]) -> Verdict:
         """Judge a code trajectory; raises VerifierInputError without unit_tests."""

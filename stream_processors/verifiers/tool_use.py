@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from stream_processors.exceptions import VerifierInputError
-from stream_processors.sandbox import Environment, Limits, Sandbox
-from stream_processors.verifiers.base import Verdict, VerdictStatus, Verifier
-from stream_processors.verifiers.code_tests import describe_limit, run_harness
+from stream_processors.verifiers.base import Verdict, VerdictStatus
+from stream_processors.verifiers.code_tests import SandboxedVerifier, describe_limit, run_harness
 
 TOOLS = ("mkdir", "write_file", "append_file", "move", "delete")
 MAX_CALLS = 200
@@ -59,7 +58,7 @@ for step in EPISODE:
 """
 
 
-class ToolUseVerifier(Verifier):
+class ToolUseVerifier(SandboxedVerifier):
     """Replays the episode's tool calls in the sandbox, then runs the task's final-state checks.
 
     Reward: the fraction of checks that pass. Components: passed, failed, errored (checks),
@@ -69,11 +68,6 @@ class ToolUseVerifier(Verifier):
 
     name = "tool_use"
     version = "1.0.0"
-
-    def __init__(self, sandbox: Sandbox, *, environment: Environment | None = None, limits: Limits) -> None:
-        self.sandbox = sandbox
-        self.environment = environment
-        self.limits = limits
 
     def verify(self, record: Mapping[str, Any]) -> Verdict:
         """Judge a tool-use episode; raises VerifierInputError without checks (unit_tests)."""
