@@ -73,6 +73,7 @@ def _status(args: argparse.Namespace) -> int:
                 lake_dir=str(settings.lake_dir),
                 tracking_uri=settings.tracking_uri,
                 group=args.group,
+                kafka_client=settings.kafka_client,
             )
 
         watch(look, interval_s=args.interval, iterations=args.iterations)
@@ -102,6 +103,7 @@ def _produce(args: argparse.Namespace) -> int:
         malformed_share=args.malformed_share,
         profile_path=args.profile,
         lane=args.lane,
+        extra_config=dict(settings.kafka_client),
     )
     _progress(
         f"publishing {spec.trajectories} messages from {spec.workers} processes to {spec.topic} "
@@ -137,6 +139,7 @@ def _process(args: argparse.Namespace) -> int:
         verifiers=_verifiers(settings),
         sandbox_pool_size=settings.sandbox_pool_size,
         bootstrap_servers=settings.bootstrap_servers,
+        kafka_client=settings.kafka_client,
         lake_dir=settings.lake_dir,
         raw_topic=settings.raw_topic,
         ultra_topic=None if args.no_ultra else settings.ultra_topic,
@@ -203,8 +206,9 @@ def _offsets_reset(args: argparse.Namespace) -> int:
     from stream_processors.state import reset_topic
 
     settings = _settings(args)
-    partitions = topic_partitions(settings.bootstrap_servers, [args.topic])[args.topic]
-    topic_id = topic_ids(settings.bootstrap_servers, [args.topic])[args.topic]
+    client = settings.kafka_client
+    partitions = topic_partitions(settings.bootstrap_servers, [args.topic], kafka_client=client)[args.topic]
+    topic_id = topic_ids(settings.bootstrap_servers, [args.topic], kafka_client=client)[args.topic]
     version = reset_topic(
         TxnTable(str(settings.lake_dir / "trajectories"), app_id=args.app_id, partition_by=["bucket"]),
         TxnTable(str(settings.lake_dir / "dead_letters"), app_id=args.app_id),
@@ -264,6 +268,7 @@ def _rescore(args: argparse.Namespace) -> int:
         table_version=args.table_version,
         verifiers=_verifiers(settings),
         bootstrap_servers=settings.bootstrap_servers,
+        kafka_client=settings.kafka_client,
         progress=_progress,
     )
     print(json.dumps(summary))
