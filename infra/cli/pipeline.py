@@ -140,6 +140,7 @@ def process(
         float,
         typer.Option("--session-timeout", help="Kafka session timeout: a killed worker's hold, seconds"),
     ] = 60.0,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
 ) -> int:
     from schemas.profile import load_profile
     from stream_processors import create_app, run_worker
@@ -176,7 +177,23 @@ def process(
         session_timeout_s=session_timeout,
         data_dir=settings.state_dir / "faust",
     )
-    run_worker(app, loglevel=loglevel)
+    import threading
+
+    from infra.progress_bars import Bars, bars_wanted, follow_catch_up
+    from infra.watch import group_lag
+
+    topics = (settings.raw_topic,) if no_ultra else (settings.raw_topic, settings.ultra_topic)
+    stop = threading.Event()
+    with Bars(enabled=bars_wanted() and not no_progress) as bars:
+        follow_catch_up(
+            bars,
+            lambda: group_lag(settings.bootstrap_servers, topics, group_id or app_id, settings.kafka_client),
+            stop=stop,
+        )
+        try:
+            run_worker(app, loglevel=loglevel)
+        finally:
+            stop.set()
     return 0
 
 
@@ -273,49 +290,54 @@ def learn(
         float, typer.Option("--kl-coef", help="KL penalty to the initial policy (0: none)")
     ] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
 ) -> int:
     import signal
     import threading
 
     from consumers import learn as run_learn
+    from infra.progress_bars import Bars, bars_wanted
 
     settings = common.settings()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     steps = steps if steps is not None else (None if follow else 20)
-    result = run_learn(
-        table_uri=str(settings.lake_dir / "trajectories"),
-        tracking_uri=settings.tracking_uri,
-        experiment=experiment,
-        steps=steps,
-        lr=lr,
-        clip_epsilon=clip_epsilon,
-        kl_coef=kl_coef,
-        seed=seed,
-        checkpoint_path=checkpoint,
-        checkpoint_every=checkpoint_every,
-        rows_log=rows_log,
-        progress=progress,
-        stop=stop,
-        follow=follow,
-        start_version=start_version,
-        end_version=end_version,
-        token_budget=token_budget,
-        max_length=max_length,
-        vocab_size=vocab_size or settings.vocab_size,
-        profile_path=settings.profile_path or None,
-        profile_matched=not no_profile_match,
-        max_uses=max_uses,
-        max_lag=max_lag,
-        half_life=half_life,
-        priority_alpha=priority_alpha,
-        samples_per_insert=samples_per_insert,
-        min_size=min_size,
-        capacity_rows=capacity_rows,
-        capacity_tokens=capacity_tokens,
-        eviction=eviction,
-    )
+    bars = Bars(enabled=bars_wanted() and not no_progress)
+    with bars:
+        result = run_learn(
+            table_uri=str(settings.lake_dir / "trajectories"),
+            tracking_uri=settings.tracking_uri,
+            experiment=experiment,
+            steps=steps,
+            lr=lr,
+            clip_epsilon=clip_epsilon,
+            kl_coef=kl_coef,
+            seed=seed,
+            checkpoint_path=checkpoint,
+            checkpoint_every=checkpoint_every,
+            rows_log=rows_log,
+            progress=bars.line,
+            on_step=lambda step, total: bars.advance("learn", step, total),
+            stop=stop,
+            follow=follow,
+            start_version=start_version,
+            end_version=end_version,
+            token_budget=token_budget,
+            max_length=max_length,
+            vocab_size=vocab_size or settings.vocab_size,
+            profile_path=settings.profile_path or None,
+            profile_matched=not no_profile_match,
+            max_uses=max_uses,
+            max_lag=max_lag,
+            half_life=half_life,
+            priority_alpha=priority_alpha,
+            samples_per_insert=samples_per_insert,
+            min_size=min_size,
+            capacity_rows=capacity_rows,
+            capacity_tokens=capacity_tokens,
+            eviction=eviction,
+        )
     print(json.dumps(result.as_dict()))
     return 0
 
@@ -333,18 +355,23 @@ def demo(
     steps: Annotated[int, typer.Option("--steps", help="learner steps")] = 20,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for the processor")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="end with the summary as one JSON object")] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
 ) -> int:
     from infra.demo import run_demo
+    from infra.progress_bars import Bars, bars_wanted
 
-    summary = run_demo(
-        common.settings(),
-        trajectories=trajectories,
-        seed=seed,
-        bad_fraction=bad_fraction,
-        learn_steps=steps,
-        timeout_s=timeout,
-        progress=progress,
-    )
+    bars = Bars(enabled=bars_wanted(as_json=as_json) and not no_progress)
+    with bars:
+        summary = run_demo(
+            common.settings(),
+            trajectories=trajectories,
+            seed=seed,
+            bad_fraction=bad_fraction,
+            learn_steps=steps,
+            timeout_s=timeout,
+            progress=bars.line,
+            advance=bars.advance if bars.enabled else None,
+        )
     print(summary.describe())
     if as_json:
         print(json.dumps(summary.as_dict()))
