@@ -59,6 +59,21 @@ class JudgedBatch:
     skipped: int = 0
     seconds: float = 0.0
 
+    def only(self, keep: Callable[[Coordinates], bool]) -> JudgedBatch:
+        """This batch without the messages `keep` rejects (those of a partition revoked meanwhile)."""
+        executions = [
+            (e, c) for e, c in zip(self.executions, self.execution_coordinates, strict=True) if keep(c)
+        ]
+        return JudgedBatch(
+            coordinates=[c for c in self.coordinates if keep(c)],
+            samples=[s for s in self.samples if keep(s.coordinates)],
+            dead_letters=[d for d in self.dead_letters if keep(d.coordinates)],
+            executions=[e for e, _ in executions],
+            execution_coordinates=[c for _, c in executions],
+            skipped=self.skipped,
+            seconds=self.seconds,
+        )
+
 
 @dataclass(slots=True)
 class ProcessedBatch:
