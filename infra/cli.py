@@ -134,6 +134,7 @@ def _process(args: argparse.Namespace) -> int:
     app = create_app(
         verifiers=_verifiers(settings),
         sandbox_pool_size=settings.sandbox_pool_size,
+        verifier_processes=settings.verifier_processes,
         bootstrap_servers=settings.bootstrap_servers,
         lake_dir=settings.lake_dir,
         raw_topic=settings.raw_topic,

@@ -44,6 +44,7 @@ from stream_processors.preflight import OffsetStore, check_stored_offsets, topic
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
 from stream_processors.progress import Progress
 from stream_processors.stage import BatchStats, Stage
+from stream_processors.verifier_pool import VerifierPool
 from stream_processors.verifiers import DomainVerifiers, VerifierRegistry
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ def create_app(
     producer_config: Mapping[str, Any] | None = None,
     verifiers: DomainVerifiers | VerifierRegistry | None = None,
     sandbox_pool_size: int = 2,
+    verifier_processes: int = 1,
     write_retries: int = 5,
     log_every_s: float = 10.0,
     data_dir: Path | str | None = None,
@@ -208,10 +210,14 @@ def create_app(
         verifiers: domain -> verifier; default `DomainVerifiers()` over the shipped domain registry,
             whose sandbox is checked here, before consuming (SandboxUnavailableError otherwise).
         sandbox_pool_size: judgements (sandboxed executions) run at once per batch.
+        verifier_processes: spawned processes judging the CPU-heavy verifiers (math, extraction);
+            0 judges them in the lane's thread (also with task-type verifier overrides).
         write_retries: retries of a failing Delta or dead-letter write before the worker stops.
         log_every_s: interval of the progress log line.
         data_dir: Faust's data directory (default ``./<group id>-data`` in the working directory).
     """
+    if verifier_processes < 0:
+        raise ValueError(f"verifier_processes must be >= 0, got {verifier_processes}")
     if batch_size < 1 or ultra_batch_size < 1 or batch_within_s <= 0:
         raise ValueError(
             "batch_size and ultra_batch_size must be >= 1 and batch_within_s > 0, got "
@@ -230,8 +236,11 @@ def create_app(
         **options,
     )
     profile = profile if profile is not None else load_profile()
+    processor = BatchProcessor(verifiers=verifiers, profile=profile, pool_size=sandbox_pool_size)
+    if verifier_processes > 0 and not processor.verifiers.overrides:
+        processor.verifier_pool = VerifierPool(processor.verifiers, verifier_processes)
     stage = Stage(
-        BatchProcessor(verifiers=verifiers, profile=profile, pool_size=sandbox_pool_size),
+        processor,
         DeltaSink(
             table_uri(lake_dir, TRAJECTORIES_TABLE),
             app_id=app_id,
@@ -469,6 +478,8 @@ def create_app(
             await asyncio.shield(loop.run_in_executor(lane.reader, lane.intake.close))
             if running == 0:
                 stage.dead_letters.close()
+                if processor.verifier_pool is not None:
+                    processor.verifier_pool.close()
                 log.info("sink stopped: %s; %d groups pending", progress.summary(), stage.pending_groups)
 
     def lane_task(lane: Lane) -> Callable[[], Any]:

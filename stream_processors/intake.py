@@ -195,7 +195,7 @@ class Intake:
         with self._lock:
             for tp in tps:
                 self._generation[tp] = self._generation.get(tp, 0) + 1
-                self._committed[tp] = max(committed.get(tp, -1), self.stored_next(tp) or -1)
+                self._committed[tp] = max(committed.get(tp, 0), self.stored_next(tp) or 0, 0)
             self._assigned.update(tps)
         if self._paused:
             consumer.pause(positioned)
