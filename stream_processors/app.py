@@ -358,7 +358,9 @@ def create_app(
     def crash_on_failure(future: asyncio.Future[Any]) -> None:
         """Stop the worker as soon as an accept fails, even if no batch follows to observe it."""
         if not future.cancelled() and future.exception() is not None:
-            log.error("a batch could not be written; stopping without committing: %s", future.exception())
+            log.error(
+                "a batch could not be written; stopping without committing", exc_info=future.exception()
+            )
             crashing.add(asyncio.ensure_future(app.crash(cast(BaseException, future.exception()))))
 
     def with_safe(

@@ -9,14 +9,16 @@ thread, where host errors are retried and stop the worker if they persist.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from schemas.domains import DomainRegistry
+from schemas.domains import DomainRegistry, DomainSpec
 from stream_processors.exceptions import InvalidRecordError
 from stream_processors.verifiers import Verdict
 from stream_processors.verifiers.domains import DomainVerifiers
@@ -30,9 +32,22 @@ TOKEN_FIELDS = ("prompt_tokens", "response_tokens", "response_logprobs")
 _verifiers: DomainVerifiers | None = None
 
 
-def _start(domains: DomainRegistry, unknown_domains: str, versions: Mapping[str, str]) -> None:
+def _plain(domains: DomainRegistry) -> tuple[dict[str, Any], dict[str, DomainSpec], str]:
+    """The registry as picklable plain data (it holds read-only mapping proxies)."""
+    task_types = {name: (verifier, dict(options)) for name, (verifier, options) in domains.task_types.items()}
+    specs = {name: dataclasses.replace(spec, options=dict(spec.options)) for name, spec in domains.items()}
+    return task_types, specs, domains.source
+
+
+def _start(
+    registry: tuple[dict[str, Any], dict[str, DomainSpec], str],
+    unknown_domains: str,
+    versions: Mapping[str, str],
+) -> None:
     global _verifiers
-    _verifiers = DomainVerifiers(domains, unknown_domains=unknown_domains, versions=versions)
+    _verifiers = DomainVerifiers(
+        DomainRegistry(*registry), unknown_domains=unknown_domains, versions=versions
+    )
 
 
 def judge_record(verifiers: DomainVerifiers, record: Mapping[str, Any]) -> Verdict | InvalidRecordError:
@@ -81,11 +96,18 @@ class VerifierPool:
             )
         self.verifiers = verifiers
         self.size = size
-        self._executor = ProcessPoolExecutor(
-            max_workers=size,
+        self._executor = self._new_executor()
+
+    def _new_executor(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=self.size,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
-            initargs=(verifiers.domains, verifiers.unknown_domains, dict(verifiers.versions)),
+            initargs=(
+                _plain(self.verifiers.domains),
+                self.verifiers.unknown_domains,
+                dict(self.verifiers.versions),
+            ),
         )
 
     def takes(self, record: Mapping[str, Any]) -> bool:
@@ -96,22 +118,34 @@ class VerifierPool:
             return False  # judged in the caller's thread, which makes it a dead letter
         return verifier.name in CPU_HEAVY
 
-    def submit(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[int, Future[Any]]]:
-        """Start judging `records` in about `size` chunks; pass the result to `collect`."""
+    def submit(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[int, Future[Any] | None]]:
+        """Start judging `records` in about `size` chunks; pass the result to `collect`.
+
+        A broken pool (a process killed) is replaced; a chunk it cannot take is left to the caller.
+        """
         if not records:
             return []
         light = [{k: v for k, v in r.items() if k not in TOKEN_FIELDS} for r in records]
         step = max(1, math.ceil(len(light) / self.size))
-        return [
-            (i, self._executor.submit(_judge_chunk, light[i : i + step])) for i in range(0, len(light), step)
-        ]
+        out: list[tuple[int, Future[Any] | None]] = []
+        for i in range(0, len(light), step):
+            try:
+                out.append((i, self._executor.submit(_judge_chunk, light[i : i + step])))
+            except BrokenProcessPool as exc:
+                log.warning("the verifier pool broke (%s); starting a new one", exc)
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = self._new_executor()
+                out.append((i, None))
+        return out
 
     def collect(
-        self, futures: list[tuple[int, Future[Any]]], count: int
+        self, futures: list[tuple[int, Future[Any] | None]], count: int
     ) -> list[Verdict | InvalidRecordError | None]:
         """The verdicts in order; None where a chunk failed (the caller judges those itself)."""
         out: list[Verdict | InvalidRecordError | None] = [None] * count
         for start, future in futures:
+            if future is None:
+                continue
             try:
                 verdicts = future.result()
             except Exception as exc:
