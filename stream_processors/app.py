@@ -437,6 +437,9 @@ def create_app(
                 ]
                 if not messages and len(taken.messages) < size:
                     caught_up[lane.name] = True
+                    if in_flight is not None and in_flight.done():
+                        future, in_flight = in_flight, None
+                        await settle(future)
                     continue
                 held.hold(messages)
                 try:

@@ -121,7 +121,7 @@ class VerifierPool:
     def submit(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[int, Future[Any] | None]]:
         """Start judging `records` in about `size` chunks; pass the result to `collect`.
 
-        A broken pool (a process killed) is replaced; a chunk it cannot take is left to the caller.
+        A broken pool (a process killed) is replaced before the next chunk is sent.
         """
         if not records:
             return []
@@ -129,13 +129,14 @@ class VerifierPool:
         step = max(1, math.ceil(len(light) / self.size))
         out: list[tuple[int, Future[Any] | None]] = []
         for i in range(0, len(light), step):
+            chunk = light[i : i + step]
             try:
-                out.append((i, self._executor.submit(_judge_chunk, light[i : i + step])))
+                out.append((i, self._executor.submit(_judge_chunk, chunk)))
             except BrokenProcessPool as exc:
                 log.warning("the verifier pool broke (%s); starting a new one", exc)
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = self._new_executor()
-                out.append((i, None))
+                out.append((i, self._executor.submit(_judge_chunk, chunk)))
         return out
 
     def collect(
