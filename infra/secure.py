@@ -9,8 +9,7 @@ The model (docs/security.md):
 - Roles, each a Kafka user with the least it needs:
   ``admin`` (super user: provisioning, tools),
   ``producer`` (write the trajectory topics, nothing else),
-  ``processor`` (read the trajectory topics in its consumer groups, write the dead letters, its
-  Faust internal topics),
+  ``processor`` (read the trajectory topics in its consumer groups, write the dead letters),
   ``operator`` (read the dead letters' raw bytes, for triage and re-scoring).
   Only ``processor`` writes and only ``operator`` (and ``admin``) reads ``rollouts.dlq``: raw bytes of
   rejected messages may hold whatever a worker sent, so producers and learners never see them.
@@ -239,8 +238,6 @@ def acl_bindings(*, trajectory_topics: Iterable[str], dlq_topic: str, group_pref
     out.append(rule("processor", topic, dlq_topic, literal, AclOperation.WRITE))
     out.append(rule("processor", topic, dlq_topic, literal, AclOperation.DESCRIBE))
     out.append(rule("processor", group, group_prefix, prefixed, AclOperation.READ))
-    # Faust's own topics (assignor leader, changelogs) are named after the app id.
-    out.append(rule("processor", topic, group_prefix, prefixed, AclOperation.ALL))
     out.append(rule("operator", topic, dlq_topic, literal, AclOperation.READ))
     out.append(rule("operator", topic, dlq_topic, literal, AclOperation.DESCRIBE))
     out.append(rule("operator", group, group_prefix, prefixed, AclOperation.READ))

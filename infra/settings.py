@@ -156,6 +156,9 @@ class Settings(BaseSettings):
         sandbox_dir: Sandboxed executions' task directories (``work/``) and the environment
             store (``environments/``). Default ``<state_dir>/sandbox``.
         sandbox_pool_size: Sandboxed judgements run at once per worker. Default 2.
+        verifier_processes: Spawned processes per worker judging the CPU-heavy verifiers (math,
+            extraction) off the event loop and the worker's GIL; 0 judges them in the worker.
+            Default 1.
         domain_registry: The domain registry file; empty means the shipped ``schemas/domains.toml``.
         unknown_domains: ``dead-letter`` (default) or ``task-type``: judge a domain missing from
             the registry with its task type's defaults instead.
@@ -196,6 +199,7 @@ class Settings(BaseSettings):
     cache_dir: Dir = Field(default_factory=_default_cache_dir)
     sandbox_dir: Dir = Field(default=_DERIVED_PATH, validate_default=True)
     sandbox_pool_size: Int = 2
+    verifier_processes: Int = 1
     domain_registry: Str = ""
     unknown_domains: Str = "dead-letter"
     brokers: Int = 1
@@ -312,6 +316,8 @@ class Settings(BaseSettings):
             )
         if self.sandbox_pool_size < 1:
             raise SettingsError(f"sandbox_pool_size = {self.sandbox_pool_size} must be at least 1")
+        if self.verifier_processes < 0:
+            raise SettingsError(f"verifier_processes = {self.verifier_processes} must be at least 0")
         if self.unknown_domains not in ("dead-letter", "task-type"):
             raise SettingsError(
                 f"unknown_domains = {self.unknown_domains!r}; use 'dead-letter' or 'task-type'"

@@ -150,6 +150,7 @@ def process(
     app = create_app(
         verifiers=_verifiers(settings),
         sandbox_pool_size=settings.sandbox_pool_size,
+        verifier_processes=settings.verifier_processes,
         bootstrap_servers=settings.bootstrap_servers,
         kafka_client=settings.kafka_client,
         lake_dir=settings.lake_dir,
