@@ -130,7 +130,12 @@ def _process(args: argparse.Namespace) -> int:
     from stream_processors import create_app, run_worker
     from stream_processors.advantages import GroupNormalization, OverlongPenalty
 
+    if args.workers > 1:
+        from infra.workers import run_workers, worker_argv
+
+        return run_workers(worker_argv(args.argv), args.workers)
     settings = _settings(args)
+    index = args.worker_index
     app = create_app(
         verifiers=_verifiers(settings),
         sandbox_pool_size=settings.sandbox_pool_size,
@@ -158,7 +163,8 @@ def _process(args: argparse.Namespace) -> int:
         commit_bytes=args.commit_mb * 2**20,
         commit_interval_s=args.commit_interval,
         session_timeout_s=args.session_timeout,
-        data_dir=settings.state_dir / "faust",
+        instance_id=None if args.instance_id is None else f"{args.instance_id}-{index or 0}",
+        data_dir=settings.state_dir / ("faust" if index is None else f"faust-{index}"),
     )
     run_worker(app, loglevel=args.loglevel)
     return 0
@@ -488,9 +494,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--session-timeout",
         type=float,
-        default=60.0,
-        help="Kafka session timeout: a killed worker's hold, seconds",
+        default=10.0,
+        help="Kafka session timeout: how long a killed worker holds its partitions, seconds",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes in the consumer group (one per partition at most)",
+    )
+    p.add_argument(
+        "--instance-id",
+        default=None,
+        help="static group membership: worker i is '<id>-i'; a restart within the session timeout keeps its partitions",
+    )
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
 
     profile = sub.add_parser("profile", help="inference workload profiles: fit one from a trace, show one")
     profile_sub = profile.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
@@ -632,6 +650,7 @@ def _learn_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rollstream` console script."""
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -138,7 +138,8 @@ def create_app(
     commit_bytes: int = 64 * 2**20,
     commit_interval_s: float = 1.0,
     raw_buffer_bytes: int = 256 * 2**20,
-    session_timeout_s: float = 60.0,
+    session_timeout_s: float = 10.0,
+    instance_id: str | None = None,
     storage_options: Mapping[str, str] | None = None,
     producer_config: Mapping[str, Any] | None = None,
     verifiers: DomainVerifiers | VerifierRegistry | None = None,
@@ -175,8 +176,12 @@ def create_app(
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet acked): above it fetching rollouts.raw pauses, and resumes at half. Faust's
             own buffer adds at most 2 x batch_size messages.
-        session_timeout_s: Kafka consumer session timeout; a SIGKILLed worker's partitions stay
-            assigned to it for this long before a restarted worker gets them.
+        session_timeout_s: Kafka consumer session timeout: a SIGKILLed worker's partitions stay
+            assigned to it for this long before the group's other workers (or its restart) get
+            them. Heartbeats run on the event loop, which judging never blocks (it runs in threads).
+        instance_id: Kafka static membership (``group.instance.id``), unique per worker of the
+            group: a worker restarted with the same id gets its partitions back without a
+            rebalance, provided it returns within the session timeout.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
         verifiers: domain -> verifier; default `DomainVerifiers()` over the shipped domain registry,
@@ -205,6 +210,7 @@ def create_app(
         consumer_max_fetch_size=ULTRA_MAX_MESSAGE_BYTES,
         broker_session_timeout=session_timeout_s,
         broker_heartbeat_interval=min(3.0, session_timeout_s / 3),
+        consumer_group_instance_id=instance_id,
         broker_commit_every=batch_size,
         # Pending groups hold acks back for as long as they wait: Faust must not wait for them
         # before a rebalance (revoked partitions are forgotten and replayed by their new owner).

@@ -156,10 +156,12 @@ class Stage:
         with self._lock:
             start = time.perf_counter()
             now = time.monotonic() if now is None else now
-            # A partition assigned again after a revocation: read its state back first.
-            unknown = {(c.topic, c.partition) for c in batch.coordinates} - set(self.state.partitions)
-            if unknown:
-                self.state.load(self.sink.table, unknown)
+            # A partition first seen since start or since its assignment: read its newest state,
+            # since another worker of the group may have written it after our start-up load.
+            fresh = {(c.topic, c.partition) for c in batch.coordinates} - set(self._seen)
+            if fresh:
+                self.state.drop(fresh)
+                self.state.load(self.sink.table, fresh)
             executions = 0
             if self.executions is not None and batch.executions:
                 audit = self.executions
@@ -330,10 +332,10 @@ class Stage:
         )
         metadata = candidate.metadata(self.sink.profile_id)
 
+        expected = {tp: self.state.partitions[tp].next - 1 for tp in states}
+
         def write() -> int:
-            return self.sink.table.commit(
-                data, candidate.versions(), metadata, expected_version=self.state.last_version
-            )
+            return self.sink.table.commit(data, candidate.versions(), metadata, expected=expected)
 
         version = self._retrying("trajectories", write)
         self.state.partitions.update(states)
