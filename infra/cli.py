@@ -42,7 +42,9 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _up(args: argparse.Namespace) -> int:
     from infra import services
 
-    status = services.up(_settings(args), mlflow_server=args.mlflow_server, progress=_progress)
+    status = services.up(
+        _settings(args), mlflow_server=args.mlflow_server, secure=args.secure, progress=_progress
+    )
     print(status.describe())
     return 0
 
@@ -433,6 +435,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("up", _up, "start the local Kafka broker (and MLflow server) and provision topics")
     p.add_argument("--mlflow-server", action="store_true", help="also start `mlflow server` on 127.0.0.1")
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL/SCRAM over TLS with per-role users and ACLs (certificates generated; docs/security.md)",
+    )
     command("down", _down, "stop what `up` started, by pid")
     p = command("status", _status, "report the local services (exit 3 when the broker is down)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -9,10 +9,20 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from infra.broker import broker_status, broker_statuses, running_layout, start_broker, stop_broker
+from infra.broker import (
+    BrokerPaths,
+    broker_status,
+    broker_statuses,
+    running_layout,
+    stack_client_config,
+    start_broker,
+    stop_broker,
+)
+from infra.exceptions import BrokerError
 from infra.kafka_jars import ensure_jars
 from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
 from infra.processes import ProcessStatus, stderr_progress
+from infra.secure import SecurePaths, ensure_material, ensure_users_and_acls, write_role_configs
 from infra.settings import Settings
 from infra.topics import TopicChange, admin_client, load_topics, provision_topics, wait_until_served
 
@@ -104,22 +114,45 @@ def up(
     settings: Settings,
     *,
     mlflow_server: bool = False,
+    secure: bool = False,
     progress: Callable[[str], None] = stderr_progress,
 ) -> ServiceStatus:
     """Start what is not running and provision topics; safe to run again on a running stack.
 
     Steps: fetch the Kafka jars once, format storage once, start the broker and wait until it
-    answers, provision the declared topics, then the tracking server when asked.
+    answers, provision the declared topics, then the tracking server when asked. With `secure`
+    (or on a state directory set up so before), the brokers take only SASL_SSL clients, and the
+    role users and ACLs of infra/secure.py are created (docs/security.md).
 
     Raises:
         InfraError: a step failed; the message names the step's log or the setting to change.
     """
+    paths = SecurePaths.of(settings.state_dir)
+    if secure and not paths.enabled:
+        formatted = BrokerPaths.of(settings).data / "meta.properties"
+        if formatted.is_file() or (settings.state_dir / "kafka-cluster").is_dir():
+            raise BrokerError(
+                f"the state directory {settings.state_dir} holds a plaintext broker; `rollstream down`, "
+                "then start the secure stack in another --state-dir (or delete this one's kafka data)"
+            )
+        ensure_material(paths, settings.kafka_host)
+        progress(f"secure stack: certificates and role passwords in {paths.root}")
     specs = load_topics(settings)
     jars = ensure_jars(settings, progress=progress)
     start_broker(settings, jars=jars, specs=specs, progress=progress)
-    admin = admin_client(settings.bootstrap_servers)
+    admin = admin_client(settings.bootstrap_servers, stack_client_config(settings))
     changes = provision_topics(admin, specs)
     wait_until_served(admin, [spec.name for spec in specs])
+    if paths.enabled:
+        passwords = ensure_material(paths, settings.kafka_host)
+        ensure_users_and_acls(
+            admin,
+            passwords,
+            trajectory_topics=[settings.raw_topic, settings.ultra_topic],
+            dlq_topic=settings.dlq_topic,
+        )
+        for config in write_role_configs(paths, passwords):
+            progress(f"client settings: {config}")
     for change in changes:
         if change.action != "unchanged":
             progress(f"topic {change}")
@@ -150,7 +183,8 @@ def status(settings: Settings) -> ServiceStatus:
     error = None
     if kafka.running:
         try:
-            present = admin_client(settings.bootstrap_servers).list_topics(timeout=STATUS_TIMEOUT_S).topics
+            admin = admin_client(settings.bootstrap_servers, stack_client_config(settings))
+            present = admin.list_topics(timeout=STATUS_TIMEOUT_S).topics
             topics = tuple(sorted(name for name in present if not name.startswith("__")))
             missing = tuple(spec.name for spec in load_topics(settings) if spec.name not in present)
         except KafkaException as exc:
