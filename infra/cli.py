@@ -43,7 +43,11 @@ def _up(args: argparse.Namespace) -> int:
     from infra import services
 
     status = services.up(
-        _settings(args), mlflow_server=args.mlflow_server, secure=args.secure, progress=_progress
+        _settings(args),
+        mlflow_server=args.mlflow_server,
+        secure=args.secure,
+        object_store=args.object_store,
+        progress=_progress,
     )
     print(status.describe())
     return 0
@@ -439,6 +443,11 @@ def _parser() -> argparse.ArgumentParser:
         "--secure",
         action="store_true",
         help="SASL/SCRAM over TLS with per-role users and ACLs (certificates generated; docs/security.md)",
+    )
+    p.add_argument(
+        "--object-store",
+        action="store_true",
+        help="also start MinIO on 127.0.0.1 for the lake (built once per machine with Go; docs/deploy.md)",
     )
     command("down", _down, "stop what `up` started, by pid")
     p = command("status", _status, "report the local services (exit 3 when the broker is down)")

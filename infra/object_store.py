@@ -107,6 +107,14 @@ class ObjectStore:
         }
 
 
+def lake_settings_hint(store: ObjectStore) -> str:
+    """The settings that point jobs at the lake on `store` (environment form)."""
+    return (
+        f"ROLLSTREAM_LAKE_URI={store.lake_uri} "
+        f"ROLLSTREAM_STORAGE_OPTIONS='{json.dumps(store.storage_options, separators=(',', ':'))}'"
+    )
+
+
 def minio_binary(settings: Settings) -> Path:
     """Where the machine's MinIO build lives: ``<cache_dir>/minio/bin/minio``."""
     return settings.cache_dir / "minio" / "bin" / "minio"
