@@ -10,7 +10,6 @@ developer's, a test's) coexist on one machine as long as their ports differ.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -149,7 +148,7 @@ def running_layout(settings: Settings) -> Settings:
     if not nodes:
         return settings
     count = max(int(p.parent.name.removeprefix("node")) for p in nodes) + 1
-    return dataclasses.replace(settings, brokers=count)
+    return settings.replace(brokers=count)
 
 
 def broker_statuses(settings: Settings) -> list[ProcessStatus]:

@@ -127,11 +127,7 @@ def publish_synthetic(
 
 
 def _settings_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for f in dataclasses.fields(settings):
-        env[f"ROLLSTREAM_{f.name.upper()}"] = str(getattr(settings, f.name))
-    env["ROLLSTREAM_BOOTSTRAP_SERVERS"] = settings.bootstrap_servers
-    return env
+    return {**os.environ, **settings.as_env()}
 
 
 def process_until_accounted(
