@@ -74,9 +74,10 @@ def _status(args: argparse.Namespace) -> int:
                 broker=broker_status(settings),
                 bootstrap_servers=settings.bootstrap_servers,
                 topics=(settings.raw_topic, settings.ultra_topic),
-                lake_dir=str(settings.lake_dir),
+                lake_dir=settings.lake_uri,
                 tracking_uri=settings.tracking_uri,
                 group=args.group,
+                storage_options=settings.delta_storage_options(),
             )
 
         watch(look, interval_s=args.interval, iterations=args.iterations)
@@ -146,7 +147,8 @@ def _process(args: argparse.Namespace) -> int:
         verifiers=_verifiers(settings),
         sandbox_pool_size=settings.sandbox_pool_size,
         bootstrap_servers=settings.bootstrap_servers,
-        lake_dir=settings.lake_dir,
+        lake_dir=settings.lake_uri,
+        storage_options=settings.delta_storage_options(),
         raw_topic=settings.raw_topic,
         ultra_topic=None if args.no_ultra else settings.ultra_topic,
         dlq_topic=settings.dlq_topic,
@@ -215,10 +217,16 @@ def _offsets_reset(args: argparse.Namespace) -> int:
     settings = _settings(args)
     partitions = topic_partitions(settings.bootstrap_servers, [args.topic])[args.topic]
     topic_id = topic_ids(settings.bootstrap_servers, [args.topic])[args.topic]
+    options = settings.delta_storage_options()
+
+    def table(name: str, partition_by: list[str] | None = None) -> TxnTable:
+        uri = settings.lake_table_uri(name)
+        return TxnTable(uri, app_id=args.app_id, partition_by=partition_by, storage_options=options)
+
     version = reset_topic(
-        TxnTable(str(settings.lake_dir / "trajectories"), app_id=args.app_id, partition_by=["bucket"]),
-        TxnTable(str(settings.lake_dir / "dead_letters"), app_id=args.app_id),
-        executions=TxnTable(str(settings.lake_dir / "executions"), app_id=args.app_id),
+        table("trajectories", ["bucket"]),
+        table("dead_letters"),
+        executions=table("executions"),
         topic=args.topic,
         partitions=partitions,
         topic_id=topic_id,
@@ -268,7 +276,8 @@ def _rescore(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     summary = rescore(
-        lake_dir=settings.lake_dir,
+        lake_dir=settings.lake_uri,
+        storage_options=settings.delta_storage_options(),
         domain=args.domain,
         verifier_version=args.verifier_version,
         table_version=args.table_version,
@@ -292,7 +301,8 @@ def _learn(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     steps = args.steps if args.steps is not None else (None if args.follow else 20)
     result = learn(
-        table_uri=str(settings.lake_dir / "trajectories"),
+        table_uri=settings.lake_table_uri("trajectories"),
+        storage_options=settings.delta_storage_options(),
         tracking_uri=settings.tracking_uri,
         experiment=args.experiment,
         steps=steps,
@@ -343,9 +353,10 @@ def _sql(args: argparse.Namespace) -> int:
             ) from None
     frame = query(
         args.query,
-        lake_dir=settings.lake_dir,
+        lake_dir=settings.lake_uri,
         versions=resolve_versions(args.query, args.version),
         as_of=as_of,
+        storage_options=settings.delta_storage_options(),
     )
     result = frame.collect()
     if args.format == "table":
@@ -369,12 +380,14 @@ def _maintain(args: argparse.Namespace) -> int:
     from infra.maintenance import maintain_table
 
     settings = _settings(args)
-    names = args.table or existing_tables(settings.lake_dir)
+    options = settings.delta_storage_options()
+    names = args.table or existing_tables(settings.lake_uri, storage_options=options)
     if not names:
-        raise UsageError(f"no Delta tables under {settings.lake_dir}: nothing to maintain")
+        raise UsageError(f"no Delta tables under {settings.lake_uri}: nothing to maintain")
     for name in names:
         report = maintain_table(
-            table_location(settings.lake_dir, name),
+            table_location(settings.lake_uri, name),
+            storage_options=options,
             compact=not args.no_compact,
             checkpoint=not args.no_checkpoint,
             vacuum=not args.no_vacuum,
@@ -391,7 +404,10 @@ def _maintain(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from consumers.report import build_report
 
-    report = build_report(_settings(args).lake_dir, args.out, progress=_progress)
+    settings = _settings(args)
+    report = build_report(
+        settings.lake_uri, args.out, progress=_progress, storage_options=settings.delta_storage_options()
+    )
     _progress(f"open {report.html_path}")
     print(json.dumps(report.as_dict()))
     return 0

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -187,18 +187,3 @@ def read_topic(bootstrap_servers: str, topic: str, expected: int, timeout_s: flo
     finally:
         consumer.close()
     return out
-
-
-def without_code(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Code groups become precomputed groups with the same rewards: for tests about groups, offsets
-    and workers, where thousands of sandboxed runs would dominate the time (the sandbox has its own tests)."""
-    for r in records:
-        if r["task_type"] == "code":
-            r = {
-                **r,
-                "task_type": "precomputed",
-                "domain": "precomputed/chat-000",
-                "unit_tests": None,
-                "precomputed_reward": float(r["metadata"]["synthetic_score"]),
-            }
-        yield r

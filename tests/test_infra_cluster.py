@@ -20,14 +20,14 @@ import polars as pl
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
-from stream_support import start_worker, stop_worker, table_rows, wait_for, without_code
+from stream_support import start_worker, stop_worker, table_rows, wait_for
 
 from infra import services
 from infra.broker import broker_statuses
 from infra.processes import is_alive
 from infra.settings import Settings
 from infra.topics import admin_client
-from producers.fleet import SyntheticFleet
+from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
 
 pytestmark = pytest.mark.timeout(600)

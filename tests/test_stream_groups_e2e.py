@@ -28,11 +28,10 @@ from stream_support import (
     stop_worker,
     table_rows,
     wait_for,
-    without_code,
 )
 
 from infra.cli import main as cli_main
-from producers.fleet import SyntheticFleet
+from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
 from stream_processors import BatchProcessor, DeadLetters, DeltaSink, Stage
 from stream_processors.domain_stats import merge

@@ -25,10 +25,9 @@ from stream_support import (
     stop_worker,
     table_rows,
     wait_for,
-    without_code,
 )
 
-from producers.fleet import SyntheticFleet
+from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
 
 TRAJECTORIES = 4_000
