@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -27,8 +28,10 @@ from stream_support import (
     wait_for,
 )
 
+from infra.workers import worker_argv
 from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
+from stream_processors.offsets import ConcurrentWriterError, TxnTable
 
 TRAJECTORIES = 4_000
 GROUP_SIZE = 4
@@ -128,3 +131,21 @@ def test_two_workers_share_partitions_and_one_is_killed(
     # The issue asks for a takeover within 15 s (session timeout 10 s, then one rebalance); the
     # bound here only guards against the old 60 s hold, so a loaded machine does not fail it.
     assert takeover_s < 45, f"the survivor took {takeover_s:.1f} s to get the dead worker's partitions"
+
+
+def test_commits_are_fenced_by_their_own_partitions(tmp_path):
+    """Another worker's commit of other partitions passes; one of ours refuses the stale writer."""
+    table = TxnTable(str(tmp_path / "t"), app_id="fenced")
+    rows = pa.table({"x": pa.array([1], pa.int64())})
+    table.commit(rows, {("t", 0): 9}, {}, expected={("t", 0): -1})
+    table.commit(rows, {("t", 1): 4}, {}, expected={("t", 1): -1})  # another worker, partition 1
+    table.commit(rows, {("t", 0): 19}, {}, expected={("t", 0): 9})
+    with pytest.raises(ConcurrentWriterError, match=r"t\[0\] has stored offset 19"):
+        table.commit(rows, {("t", 0): 29}, {}, expected={("t", 0): 9})  # a zombie's stale view
+    assert table.stored_offset("t", 0) == 19 and table.stored_offset("t", 1) == 4
+    assert pl.read_delta(str(tmp_path / "t")).height == 3
+
+
+def test_workers_option_is_dropped_from_the_children_command_line():
+    argv = ["process", "--app-id", "a", "--workers", "3", "--batch-size", "9", "--workers=2"]
+    assert worker_argv(argv) == ["process", "--app-id", "a", "--batch-size", "9"]
