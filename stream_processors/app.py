@@ -350,7 +350,12 @@ def create_app(
             # Faust's passive drainer would then ack, unprocessed, whatever it still buffers
             # (seen: offsets committed after a failed Delta write, on partitions never written).
             stream.enable_acks = False
-            async for events in cast(faust.Stream, stream).noack_take(size, within=batch_within_s):
+            async for taken in cast(faust.Stream, stream).noack_take(size, within=batch_within_s):
+                # Messages fetched before a rebalance took their partition away: its new owner reads them.
+                assigned = app.consumer.assignment()
+                events = [e for e in taken if e.message.tp in assigned]
+                if not events:
+                    continue
                 messages = [
                     SourceMessage(
                         Coordinates(e.message.topic, e.message.partition, e.message.offset),
@@ -370,7 +375,7 @@ def create_app(
                         judging[lane_name] = False
                     if in_flight is not None:
                         cancelled = await settle(in_flight) or cancelled
-                    caught_up[lane_name] = len(events) < size
+                    caught_up[lane_name] = len(taken) < size
                     accept = functools.partial(stage.accept, judged, caught_up=caught_up[lane_name])
                     in_flight = loop.run_in_executor(sink_thread, with_safe(accept))
                     in_flight.add_done_callback(crash_on_failure)
@@ -445,7 +450,14 @@ def create_app(
         acks.drop(tps)
         await asyncio.get_running_loop().run_in_executor(sink_thread, stage.revoke, tps)
 
+    async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        assigned: Iterable[Any] = args[0] if args else kwargs.get("assigned", ())
+        tps = [(tp.topic, tp.partition) for tp in assigned]
+        if tps:
+            await asyncio.get_running_loop().run_in_executor(sink_thread, stage.assign, tps)
+
     app.on_partitions_revoked.connect(cast(Any, on_revoked))
+    app.on_partitions_assigned.connect(cast(Any, on_assigned))
 
     @app.timer(interval=log_every_s)
     async def report_progress() -> None:
