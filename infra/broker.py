@@ -131,10 +131,11 @@ def render_properties(settings: Settings, specs: Iterable[TopicSpec], node: int 
 def stack_client_config(settings: Settings) -> dict[str, str]:
     """Client settings with which the stack's own tools (up, status, down) reach its brokers.
 
-    A stack set up with ``up --secure`` is reached as its ``admin`` user; otherwise plaintext.
+    A stack set up with ``up --secure`` is reached as its ``admin`` user; otherwise with the
+    ``kafka_client`` settings (plaintext when there are none).
     """
     secure = SecurePaths.of(settings.state_dir)
-    return client_config(secure, "admin") if secure.enabled else {}
+    return {**settings.kafka_client, **(client_config(secure, "admin") if secure.enabled else {})}
 
 
 def running_layout(settings: Settings) -> Settings:

@@ -78,6 +78,7 @@ def _status(args: argparse.Namespace) -> int:
                 tracking_uri=settings.tracking_uri,
                 group=args.group,
                 storage_options=settings.delta_storage_options(),
+                kafka_client=settings.kafka_client,
             )
 
         watch(look, interval_s=args.interval, iterations=args.iterations)
@@ -107,6 +108,7 @@ def _produce(args: argparse.Namespace) -> int:
         malformed_share=args.malformed_share,
         profile_path=args.profile,
         lane=args.lane,
+        extra_config=dict(settings.kafka_client),
     )
     _progress(
         f"publishing {spec.trajectories} messages from {spec.workers} processes to {spec.topic} "
@@ -147,6 +149,7 @@ def _process(args: argparse.Namespace) -> int:
         verifiers=_verifiers(settings),
         sandbox_pool_size=settings.sandbox_pool_size,
         bootstrap_servers=settings.bootstrap_servers,
+        kafka_client=settings.kafka_client,
         lake_dir=settings.lake_uri,
         storage_options=settings.delta_storage_options(),
         raw_topic=settings.raw_topic,
@@ -215,8 +218,9 @@ def _offsets_reset(args: argparse.Namespace) -> int:
     from stream_processors.state import reset_topic
 
     settings = _settings(args)
-    partitions = topic_partitions(settings.bootstrap_servers, [args.topic])[args.topic]
-    topic_id = topic_ids(settings.bootstrap_servers, [args.topic])[args.topic]
+    client = settings.kafka_client
+    partitions = topic_partitions(settings.bootstrap_servers, [args.topic], kafka_client=client)[args.topic]
+    topic_id = topic_ids(settings.bootstrap_servers, [args.topic], kafka_client=client)[args.topic]
     options = settings.delta_storage_options()
 
     def table(name: str, partition_by: list[str] | None = None) -> TxnTable:
@@ -283,6 +287,7 @@ def _rescore(args: argparse.Namespace) -> int:
         table_version=args.table_version,
         verifiers=_verifiers(settings),
         bootstrap_servers=settings.bootstrap_servers,
+        kafka_client=settings.kafka_client,
         progress=_progress,
     )
     print(json.dumps(summary))

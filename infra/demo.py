@@ -113,7 +113,11 @@ def publish_synthetic(
         f"publishing {good} trajectories and {bad} malformed messages to {settings.raw_topic} (seed {seed})"
     )
     every = max(1, trajectories // 10)
-    with Publisher(bootstrap_servers=settings.bootstrap_servers, topic=settings.raw_topic) as publisher:
+    with Publisher(
+        bootstrap_servers=settings.bootstrap_servers,
+        topic=settings.raw_topic,
+        extra_config=dict(settings.kafka_client),
+    ) as publisher:
         # Lengths drawn from the inference workload profile the processor buckets by.
         fleet = SyntheticFleet(seed, profile=load_profile(settings.profile_path or None))
         for i, record in enumerate(fleet.trajectories(good), start=1):
@@ -197,13 +201,18 @@ def run_demo(
     table_uri, dlq_uri = str(settings.lake_dir / "trajectories"), str(settings.lake_dir / "dead_letters")
     # This run's messages are the offsets published between the two watermark readings: the
     # accounting counts exactly those, whatever the topic and tables held before.
-    before = high_watermarks(settings.bootstrap_servers, settings.raw_topic)
+    before = high_watermarks(
+        settings.bootstrap_servers, settings.raw_topic, kafka_client=settings.kafka_client
+    )
     started = time.monotonic()
     published = publish_synthetic(
         settings, trajectories=trajectories, seed=seed, bad_fraction=bad_fraction, progress=progress
     )
     seconds["publish"] = time.monotonic() - started
-    ranges = ranges_between(before, high_watermarks(settings.bootstrap_servers, settings.raw_topic))
+    ranges = ranges_between(
+        before,
+        high_watermarks(settings.bootstrap_servers, settings.raw_topic, kafka_client=settings.kafka_client),
+    )
     in_topic = sum(high - low for low, high in ranges.values())
     if in_topic != published["published"]:
         raise DemoError(

@@ -60,7 +60,10 @@ def table_counts(
 
 
 def group_lag(
-    bootstrap_servers: str, topics: tuple[str, ...], group: str
+    bootstrap_servers: str,
+    topics: tuple[str, ...],
+    group: str,
+    kafka_client: Mapping[str, Any] | None = None,
 ) -> dict[tuple[str, int], tuple[int, int | None]]:
     """End offset and committed offset of `group` for every partition of `topics`.
 
@@ -68,7 +71,7 @@ def group_lag(
     from AdminClient.list_consumer_group_offsets, which crashed the interpreter (SIGSEGV, 3 of 3
     runs, confluent-kafka 2.16.1) on a fresh broker whose offsets topic was not ready yet.
     """
-    admin = admin_client(bootstrap_servers)
+    admin = admin_client(bootstrap_servers, kafka_client)
     metadata = admin.list_topics(timeout=TIMEOUT_S).topics
     partitions = [
         TopicPartition(topic, p) for topic in topics if topic in metadata for p in metadata[topic].partitions
@@ -77,7 +80,12 @@ def group_lag(
         return {}
     ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=TIMEOUT_S)
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False}
+        {
+            **(kafka_client or {}),
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
     )
     committed: dict[tuple[str, int], int | None] = {}
     try:
@@ -129,13 +137,14 @@ def take_snapshot(
     tracking_uri: str,
     group: str = DEFAULT_GROUP,
     storage_options: Mapping[str, str] | None = None,
+    kafka_client: Mapping[str, Any] | None = None,
 ) -> Snapshot:
     """Look at everything once; a part that cannot be read is reported, not raised."""
     snapshot = Snapshot(time.monotonic(), broker)
     errors = []
     if broker.running:
         try:
-            snapshot.lag = group_lag(bootstrap_servers, topics, group)
+            snapshot.lag = group_lag(bootstrap_servers, topics, group, kafka_client)
         except KafkaException as exc:
             errors.append(f"kafka: {exc.args[0] if exc.args else exc}")
     try:

@@ -33,8 +33,10 @@ from schemas.profile import WorkloadProfile, load_profile
 from stream_processors.advantages import GroupNormalization
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
+from stream_processors.exceptions import StreamProcessorError
 from stream_processors.executions import ExecutionLog
 from stream_processors.groups import GroupBuffer
+from stream_processors.kafka_security import KafkaSecurityError, faust_credentials
 from stream_processors.offsets import Coordinates, TopicPartition, table_uri
 from stream_processors.preflight import OffsetStore, check_stored_offsets, topic_ids, topic_partitions
 from stream_processors.processing import BatchProcessor, SourceMessage
@@ -142,6 +144,7 @@ def create_app(
     instance_id: str | None = None,
     storage_options: Mapping[str, str] | None = None,
     producer_config: Mapping[str, Any] | None = None,
+    kafka_client: Mapping[str, Any] | None = None,
     verifiers: DomainVerifiers | VerifierRegistry | None = None,
     sandbox_pool_size: int = 2,
     write_retries: int = 5,
@@ -184,6 +187,8 @@ def create_app(
             rebalance, provided it returns within the session timeout.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
+        kafka_client: librdkafka settings for every Kafka client of the worker (security: SASL,
+            TLS); Faust's consumer gets the equivalent credentials (kafka_security.py).
         verifiers: domain -> verifier; default `DomainVerifiers()` over the shipped domain registry,
             whose sandbox is checked here, before consuming (SandboxUnavailableError otherwise).
         sandbox_pool_size: judgements (sandboxed executions) run at once per batch.
@@ -197,11 +202,17 @@ def create_app(
             f"{batch_size}, {ultra_batch_size}, {batch_within_s}"
         )
     topics = [raw_topic] if ultra_topic is None else [raw_topic, ultra_topic]
-    partitions = raw_partitions or topic_partitions(bootstrap_servers, topics)[raw_topic]
+    client = dict(kafka_client or {})
+    try:
+        credentials = faust_credentials(client)
+    except KafkaSecurityError as exc:
+        raise StreamProcessorError(f"{exc}; fix kafka_client in the settings") from None
+    partitions = raw_partitions or topic_partitions(bootstrap_servers, topics, kafka_client=client)[raw_topic]
     options: dict[str, Any] = {} if data_dir is None else {"datadir": str(data_dir)}
     app = faust.App(
         group_id or app_id,
         broker=faust_broker_url(bootstrap_servers),
+        broker_credentials=credentials,
         store="memory://",
         web_enabled=False,
         topic_disable_leader=True,
@@ -232,7 +243,7 @@ def create_app(
             topic=dlq_topic,
             app_id=app_id,
             storage_options=storage_options,
-            producer_config=producer_config,
+            producer_config={**client, **(producer_config or {})},
         ),
         executions=ExecutionLog(
             table_uri(lake_dir, EXECUTIONS_TABLE), app_id=app_id, storage_options=storage_options
@@ -258,16 +269,16 @@ def create_app(
     running = 0
 
     def start() -> None:
-        counts = topic_partitions(bootstrap_servers, topics)
+        counts = topic_partitions(bootstrap_servers, topics, kafka_client=client)
         stores: list[tuple[str, OffsetStore]] = [
             (TRAJECTORIES_TABLE, stage.sink),
             (DEAD_LETTERS_TABLE, stage.dead_letters),
         ]
         if stage.executions is not None:
             stores.append((EXECUTIONS_TABLE, stage.executions))
-        check_stored_offsets(bootstrap_servers, topics, stores)
+        check_stored_offsets(bootstrap_servers, topics, stores, kafka_client=client)
         held = [(t, p) for t, n in counts.items() for p in range(n)]
-        stage.load(held, topic_ids(bootstrap_servers, topics))
+        stage.load(held, topic_ids(bootstrap_servers, topics, kafka_client=client))
 
     async def checked() -> None:
         """Load and check the stored state once, for whichever lane asks first."""

@@ -30,7 +30,11 @@ RESCORES_TABLE = "rescores"
 
 
 def fetch_messages(
-    bootstrap_servers: str, coordinates: list[tuple[str, int, int]], timeout_s: float = 30.0
+    bootstrap_servers: str,
+    coordinates: list[tuple[str, int, int]],
+    timeout_s: float = 30.0,
+    *,
+    kafka_client: Mapping[str, Any] | None = None,
 ) -> dict[tuple[str, int, int], bytes]:
     """The values at the given (topic, partition, offset)s, read partition by partition."""
     wanted: dict[tuple[str, int], set[int]] = {}
@@ -38,6 +42,7 @@ def fetch_messages(
         wanted.setdefault((topic, partition), set()).add(offset)
     consumer = Consumer(
         {
+            **(kafka_client or {}),
             "bootstrap.servers": bootstrap_servers,
             "group.id": f"rollstream-rescore-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
@@ -72,6 +77,7 @@ def rescore(
     verifier_version: str,
     verifiers: DomainVerifiers,
     bootstrap_servers: str,
+    kafka_client: Mapping[str, Any] | None = None,
     table_version: int | None = None,
     pool_size: int = 2,
     progress: Callable[[str], None] | None = None,
@@ -108,7 +114,7 @@ def rescore(
         f"rescoring {rows.height} rows of {domain} (table version {version}) with {verifier.name} {verifier_version}"
     )
     coords = [(t, p, o) for t, p, o in rows.select("topic", "partition", "offset").iter_rows()]
-    raw = fetch_messages(bootstrap_servers, coords)
+    raw = fetch_messages(bootstrap_servers, coords, kafka_client=kafka_client)
     missing = [c for c in coords if c not in raw]
     if missing:
         raise StreamProcessorError(

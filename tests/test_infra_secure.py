@@ -13,11 +13,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from stack_support import free_port_block
+from stream_support import publish, start_worker, stop_worker, table_rows, wait_for
 
 from infra import services
 from infra.secure import SecurePaths, client_config
 from infra.settings import Settings
 from infra.topics import admin_client
+from producers import Publisher
+from producers.fleet import SyntheticFleet, without_code
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -115,3 +118,41 @@ def test_secure_refused_on_a_plaintext_state_dir(tmp_path: Path):
     (settings.state_dir / "kafka" / "data" / "meta.properties").write_text("formatted\n")
     with pytest.raises(Exception, match="plaintext broker"):
         services.up(settings, secure=True)
+
+
+def test_producer_and_processor_work_with_their_role_settings(stack: Settings, tmp_path: Path):
+    """The settings files `up --secure` writes are all a producer and a processor need."""
+    paths = SecurePaths.of(stack.state_dir)
+    producer_settings = Settings.load(paths.role_config("producer"))
+    records = list(without_code(SyntheticFleet(5, group_size=4).trajectories(200)))
+    with Publisher(
+        bootstrap_servers=stack.bootstrap_servers,
+        topic=stack.raw_topic,
+        extra_config=dict(producer_settings.kafka_client),
+    ) as publisher:
+        for record in records:
+            publisher.publish(record)
+    garbage = [(b"bad", b"\x00not avro %d" % i) for i in range(3)]
+    publish(stack.bootstrap_servers, stack.raw_topic, garbage, config=dict(producer_settings.kafka_client))
+    lake, log = tmp_path / "lake", tmp_path / "worker.log"
+    worker = start_worker(
+        stack.bootstrap_servers,
+        lake,
+        stack.raw_topic,
+        stack.dlq_topic,
+        "rollstream-secure",
+        "rollstream-secure",
+        log,
+        ultra=stack.ultra_topic,
+        extra=["--config", str(paths.role_config("processor"))],
+    )
+    try:
+        wait_for(
+            lambda: table_rows(lake / "trajectories") == 200 and table_rows(lake / "dead_letters") == 3,
+            180,
+            worker,
+            log,
+            "200 rows and 3 dead letters",
+        )
+    finally:
+        assert stop_worker(worker, log) == 0
