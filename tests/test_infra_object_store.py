@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
-import pyarrow as pa
 import pytest
+from concurrent_writer import COMMITS, ROWS, append_batches
 from deltalake import DeltaTable
 from stream_support import (
     REPO,
@@ -38,13 +38,11 @@ from infra.processes import is_alive
 from infra.settings import Settings
 from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
-from stream_processors.offsets import Coordinates, TxnTable
+from stream_processors.offsets import TxnTable
 
 TRAJECTORIES = 800
 COMPARED = ["trajectory_id", "group_id", "reward", "advantage", "group_status", "bucket", "response_tokens"]
 WRITERS = 8
-COMMITS = 2
-ROWS = 50
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -55,25 +53,6 @@ def store_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
         yield settings, start_object_store(settings)
     finally:
         stop_object_store(settings)
-
-
-def append_batches(uri: str, options: dict[str, str], writer: int) -> int:
-    """One writer process: COMMITS appends of ROWS rows of its own partition; returns rows written."""
-    table = TxnTable(uri, app_id="concurrent", storage_options=options, commit_retries=20)
-    written = 0
-    for commit in range(COMMITS):
-        offsets = range(commit * ROWS, (commit + 1) * ROWS)
-        coords = [Coordinates("t", writer, o) for o in offsets]
-        written += table.append(
-            coords,
-            lambda keep, coords=coords: pa.table(
-                {
-                    "partition": pa.array([writer] * len(keep), pa.int32()),
-                    "offset": pa.array([coords[i].offset for i in keep], pa.int64()),
-                }
-            ),
-        )
-    return written
 
 
 def test_concurrent_writers_keep_every_commit(store_settings):

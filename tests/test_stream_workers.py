@@ -1,6 +1,7 @@
 """Two `rollstream process` workers in one consumer group, one SIGKILLed mid-run.
 
-They share the partitions of a 4-partition topic and commit side by side to one trajectories
+They share the partitions of a 4-partition topic (and of a 4-partition ultra topic, partition i of
+both to one worker) and commit side by side to one trajectories
 table (each commit fenced by its own partitions' txn versions). One is SIGKILLed with rows of the
 second half still unpublished; the survivor gets its partitions once the short session timeout
 (10 s by default) evicts the dead member. Counted from Delta: every trajectory exactly once,
@@ -39,8 +40,8 @@ PARTITIONS = 4
 pytestmark = pytest.mark.timeout(420)
 
 
-def assignment(admin: AdminClient, group: str) -> dict[str, set[int]]:
-    """{group.instance.id: assigned partitions} of a stable group; empty while it rebalances."""
+def assignment(admin: AdminClient, group: str) -> dict[str, set[tuple[str, int]]]:
+    """{group.instance.id: assigned (topic, partition)s} of a stable group; empty while it rebalances."""
     try:
         described = admin.describe_consumer_groups([group])[group].result(timeout=30)
     except KafkaException:  # the group's coordinator is not known yet
@@ -48,7 +49,7 @@ def assignment(admin: AdminClient, group: str) -> dict[str, set[int]]:
     if described.state != ConsumerGroupState.STABLE:
         return {}
     return {
-        str(m.group_instance_id): {tp.partition for tp in m.assignment.topic_partitions}
+        str(m.group_instance_id): {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
         for m in described.members
     }
 
@@ -70,6 +71,7 @@ def test_two_workers_share_partitions_and_one_is_killed(
     bootstrap_servers, admin, make_topic, group_name, tmp_path
 ):
     raw = make_topic("workers-raw", partitions=PARTITIONS)
+    ultra = make_topic("workers-ultra", partitions=PARTITIONS, config={"max.message.bytes": "67108864"})
     dlq = make_topic("workers-dlq", partitions=1)
     lake = tmp_path / "lake"
     traj = lake / "trajectories"
@@ -86,26 +88,32 @@ def test_two_workers_share_partitions_and_one_is_killed(
     for name, log in logs.items():
         log.parent.mkdir()
         procs[name] = start_worker(
-            bootstrap_servers, lake, raw, dlq, app_id, group, log, extra=["--instance-id", name]
+            bootstrap_servers, lake, raw, dlq, app_id, group, log, ultra=ultra, extra=["--instance-id", name]
         )
     try:
-        wait_for(
-            lambda: len(assignment(admin, group)) == 2 and all(assignment(admin, group).values()),
-            120,
-            procs["a"],
-            logs["a"],
-            "both workers holding partitions",
-        )
-        before = assignment(admin, group)
-        assert before["a-0"] | before["b-0"] == set(range(PARTITIONS)) and not before["a-0"] & before["b-0"]
-        wait_for(lambda: rows_of(traj, before["b-0"]) > 0, 120, procs["b"], logs["b"], "rows from worker b")
+        split: dict[str, set[tuple[str, int]]] = {}
+
+        def both_hold() -> bool:
+            split.clear()
+            split.update(assignment(admin, group))
+            return len(split) == 2 and all(split.values())
+
+        wait_for(both_hold, 120, procs["a"], logs["a"], "both workers holding partitions")
+        before = {name[0]: {p for t, p in held if t == raw} for name, held in split.items()}
+        assert before["a"] | before["b"] == set(range(PARTITIONS)) and not before["a"] & before["b"]
+        # Co-partitioned: the worker of raw partition i also reads ultra partition i (same key, same
+        # partition number), so a group's raw and ultra samples meet in one worker.
+        assert {name[0]: {p for t, p in held if t == ultra} for name, held in split.items()} == before
+        wait_for(lambda: rows_of(traj, before["b"]) > 0, 120, procs["b"], logs["b"], "rows from worker b")
 
         procs["b"].send_signal(signal.SIGKILL)
         procs["b"].wait(timeout=30)
         killed_at = time.monotonic()
         publish(bootstrap_servers, raw, messages[half:])
         took_over = wait_for(
-            lambda: assignment(admin, group) == {"a-0": set(range(PARTITIONS))},
+            lambda: (
+                assignment(admin, group) == {"a-0": {(t, p) for t in (raw, ultra) for p in range(PARTITIONS)}}
+            ),
             120,
             procs["a"],
             logs["a"],
