@@ -33,7 +33,14 @@ from stream_support import (
 
 from consumers.replay import ReplayBuffer, ReplayConfig
 from infra import services
-from infra.object_store import ObjectStore, object_store_status, start_object_store, stop_object_store
+from infra.exceptions import ObjectStoreError
+from infra.object_store import (
+    ObjectStore,
+    ensure_minio,
+    object_store_status,
+    start_object_store,
+    stop_object_store,
+)
 from infra.processes import is_alive
 from infra.settings import Settings
 from producers.fleet import SyntheticFleet, without_code
@@ -169,3 +176,11 @@ def test_object_store_lake_matches_the_local_lake(
     with ReplayBuffer(config) as buffer:
         batch = buffer.sample(0, timeout=60)
     assert batch["trajectory_ids"] and set(batch["trajectory_ids"]) <= set(local["trajectory_id"])
+
+
+def test_a_missing_minio_without_go_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    settings = Settings(state_dir=tmp_path / "stack", cache_dir=tmp_path / "cache")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-go-here"))
+    with pytest.raises(ObjectStoreError, match=r"Go is not installed: install Go"):
+        ensure_minio(settings)
+    assert not (tmp_path / "cache" / "minio" / "bin" / "minio").exists()
