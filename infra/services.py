@@ -21,6 +21,7 @@ from infra.broker import (
 from infra.exceptions import BrokerError
 from infra.kafka_jars import ensure_jars
 from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
+from infra.object_store import lake_settings_hint, object_store_status, start_object_store, stop_object_store
 from infra.processes import ProcessStatus, stderr_progress
 from infra.secure import SecurePaths, ensure_material, ensure_users_and_acls, write_role_configs
 from infra.settings import Settings
@@ -55,6 +56,7 @@ class ServiceStatus:
     changes: tuple[TopicChange, ...] = ()
     error: str | None = None
     nodes: tuple[ProcessStatus, ...] = ()
+    object_store: ProcessStatus | None = None
 
     @property
     def running(self) -> bool:
@@ -85,6 +87,13 @@ class ServiceStatus:
             },
             "changes": [str(change) for change in self.changes],
             "nodes": [{"name": n.name, "running": n.running, "pid": n.pid, "url": n.url} for n in self.nodes],
+            "object_store": None
+            if self.object_store is None
+            else {
+                "running": self.object_store.running,
+                "pid": self.object_store.pid,
+                "url": self.object_store.url,
+            },
             "error": self.error,
         }
 
@@ -99,6 +108,8 @@ class ServiceStatus:
             f"tracking uri:  {self.tracking_uri}",
             f"state dir:     {self.state_dir}",
         ]
+        if self.object_store is not None and self.object_store.running:
+            lines.append(f"object store:  running (pid {self.object_store.pid}) at {self.object_store.url}")
         if len(self.nodes) > 1:
             for node in self.nodes:
                 state = f"running (pid {node.pid})" if node.running else "DOWN"
@@ -115,17 +126,19 @@ def up(
     *,
     mlflow_server: bool = False,
     secure: bool = False,
+    object_store: bool = False,
     progress: Callable[[str], None] = stderr_progress,
 ) -> ServiceStatus:
     """Start what is not running and provision topics; safe to run again on a running stack.
 
-    Steps: fetch the Kafka jars once, format storage once, start the broker and wait until it
-    answers, provision the declared topics, then the tracking server when asked. With `secure`
-    (or on a state directory set up so before), the brokers take only SASL_SSL clients, and the
-    role users and ACLs of infra/secure.py are created (docs/security.md).
+        Steps: fetch the Kafka jars once, format storage once, start the broker and wait until it
+        answers, provision the declared topics, then the tracking server and the object store (MinIO,
+    infra/object_store.py) when asked. With `secure`
+        (or on a state directory set up so before), the brokers take only SASL_SSL clients, and the
+        role users and ACLs of infra/secure.py are created (docs/security.md).
 
-    Raises:
-        InfraError: a step failed; the message names the step's log or the setting to change.
+        Raises:
+            InfraError: a step failed; the message names the step's log or the setting to change.
     """
     paths = SecurePaths.of(settings.state_dir)
     if secure and not paths.enabled:
@@ -158,13 +171,21 @@ def up(
             progress(f"topic {change}")
     if mlflow_server:
         start_mlflow_server(settings, progress=progress)
+    if object_store:
+        store = start_object_store(settings, progress=progress)
+        progress(f"lake on the object store: {lake_settings_hint(store)}")
     return replace(status(settings), changes=tuple(changes))
 
 
 def down(settings: Settings, *, progress: Callable[[str], None] = stderr_progress) -> list[str]:
-    """Stop the tracking server and the broker of this state directory; return what was stopped."""
+    """Stop the tracking server, the object store and the broker of this state directory; return what was stopped."""
     stopped: list[str] = []
-    for name, stop in (("mlflow server", stop_mlflow_server), ("kafka broker", stop_broker)):
+    stops = (
+        ("mlflow server", stop_mlflow_server),
+        ("object store", stop_object_store),
+        ("kafka broker", stop_broker),
+    )
+    for name, stop in stops:
         pid = stop(settings)
         if pid is None:
             progress(f"{name}: not running")
@@ -199,4 +220,5 @@ def status(settings: Settings) -> ServiceStatus:
         missing_topics=missing,
         error=error,
         nodes=tuple(broker_statuses(settings)),
+        object_store=object_store_status(settings),
     )

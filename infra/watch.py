@@ -42,14 +42,17 @@ class Snapshot:
     error: str | None = None
 
 
-def table_counts(lake_dir: str, names: tuple[str, ...] = LAKE_TABLES) -> dict[str, tuple[int, int]]:
+def table_counts(
+    lake_dir: str, names: tuple[str, ...] = LAKE_TABLES, *, storage_options: Mapping[str, str] | None = None
+) -> dict[str, tuple[int, int]]:
     """Version and row count of each existing table, from the Delta log (no data file is read)."""
     out: dict[str, tuple[int, int]] = {}
+    options = dict(storage_options) if storage_options else None
     for name in names:
         uri = f"{lake_dir.rstrip('/')}/{name}"
-        if not DeltaTable.is_deltatable(uri):
+        if not DeltaTable.is_deltatable(uri, storage_options=options):
             continue
-        table = DeltaTable(uri)
+        table = DeltaTable(uri, storage_options=options)
         actions = table.get_add_actions(flatten=True)
         rows = sum(v for v in actions.column("num_records").to_pylist() if v is not None)
         out[name] = (table.version(), int(rows))
@@ -133,6 +136,7 @@ def take_snapshot(
     lake_dir: str,
     tracking_uri: str,
     group: str = DEFAULT_GROUP,
+    storage_options: Mapping[str, str] | None = None,
     kafka_client: Mapping[str, Any] | None = None,
 ) -> Snapshot:
     """Look at everything once; a part that cannot be read is reported, not raised."""
@@ -144,7 +148,7 @@ def take_snapshot(
         except KafkaException as exc:
             errors.append(f"kafka: {exc.args[0] if exc.args else exc}")
     try:
-        snapshot.tables = table_counts(lake_dir)
+        snapshot.tables = table_counts(lake_dir, storage_options=storage_options)
     except Exception as exc:  # a table mid-commit or unreadable: show it, keep watching
         errors.append(f"delta: {exc}")
     try:

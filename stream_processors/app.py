@@ -165,7 +165,8 @@ def create_app(
     commit_bytes: int = 64 * 2**20,
     commit_interval_s: float = 1.0,
     raw_buffer_bytes: int = 256 * 2**20,
-    session_timeout_s: float = 60.0,
+    session_timeout_s: float = 10.0,
+    instance_id: str | None = None,
     storage_options: Mapping[str, str] | None = None,
     producer_config: Mapping[str, Any] | None = None,
     kafka_client: Mapping[str, Any] | None = None,
@@ -204,8 +205,13 @@ def create_app(
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet committed): above it fetching rollouts.raw pauses, and resumes at half. The
             intake adds one batch read ahead and librdkafka's prefetch queue (64 MiB per lane).
-        session_timeout_s: Kafka consumer session timeout; a SIGKILLed worker's partitions stay
-            assigned to it for this long before a restarted worker gets them.
+        session_timeout_s: Kafka consumer session timeout: a SIGKILLed worker's partitions stay
+            assigned to it for this long before the group's other workers (or its restart) get
+            them. librdkafka heartbeats from its own thread, whatever the worker is doing.
+        instance_id: Kafka static membership (``group.instance.id``), unique per worker of the
+            group (each lane's consumer appends its lane name): a worker restarted with the same
+            id gets its partitions back without a rebalance, provided it returns within the
+            session timeout.
         storage_options: deltalake storage options for object stores.
         producer_config: extra librdkafka settings for the dead-letter producer.
         kafka_client: librdkafka settings for every Kafka client of the worker (security: SASL,
@@ -298,10 +304,18 @@ def create_app(
         main_loop.call_soon_threadsafe(held.drop, tps)
         return safe
 
+    def on_assign(tps: list[TopicPartition]) -> None:
+        """In an intake thread, after a rebalance: the stage accepts these partitions' batches again."""
+        sink_thread.submit(stage.assign, tps).result()
+
     common: dict[str, Any] = {
         **client,
         "bootstrap.servers": bootstrap_servers,
         "group.id": group,
+        # Range assigns partition i of every topic to the same member rank, and with static
+        # membership ranks follow the instance ids: a worker's raw and ultra lanes then get the
+        # same partition numbers, so a group's raw and ultra samples meet in one worker.
+        "partition.assignment.strategy": "range",
         "auto.offset.reset": "earliest",
         "session.timeout.ms": int(session_timeout_s * 1000),
         "heartbeat.interval.ms": int(min(3.0, session_timeout_s / 3) * 1000),
@@ -319,9 +333,11 @@ def create_app(
     app.lanes = {}
     for name, topic in zip(("raw", "ultra"), topics, strict=False):
         config = {**common, **fetch[name], "client.id": f"{app_id}-{name}"}
+        if instance_id is not None:
+            config["group.instance.id"] = f"{instance_id}-{name}"
         app.lanes[name] = Lane(
             name,
-            Intake(topic, config, stored_next=stored_next, on_revoke=on_revoke),
+            Intake(topic, config, stored_next=stored_next, on_revoke=on_revoke, on_assign=on_assign),
             sizes[name],
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rollstream-{name}-intake"),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rollstream-{name}"),

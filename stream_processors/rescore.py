@@ -81,6 +81,7 @@ def rescore(
     table_version: int | None = None,
     pool_size: int = 2,
     progress: Callable[[str], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Judge `domain`'s rows of the trajectories table (at `table_version`) with `verifier_version`.
 
@@ -88,12 +89,15 @@ def rescore(
     source table version and the rescore id written with every row.
     """
     say = progress or (lambda _: None)
+    options = dict(storage_options) if storage_options else None
     source = table_uri(lake_dir, "trajectories")
-    version = table_version if table_version is not None else DeltaTable(source).version()
+    version = (
+        table_version if table_version is not None else DeltaTable(source, storage_options=options).version()
+    )
     spec = verifiers.domains[domain]
     verifier = verifiers.build(spec, verifier_version)
     rows = (
-        pl.read_delta(source, version=version)
+        pl.read_delta(source, version=version, storage_options=options)
         .filter(pl.col("domain") == domain)
         .select(
             "trajectory_id",
@@ -157,7 +161,7 @@ def rescore(
         schema=RESCORES_SCHEMA,
     )
     if table.num_rows:
-        write_deltalake(table_uri(lake_dir, RESCORES_TABLE), table, mode="append")
+        write_deltalake(table_uri(lake_dir, RESCORES_TABLE), table, mode="append", storage_options=options)
     changed = sum(
         1
         for a, b in zip(table["old_reward"].to_pylist(), table["new_reward"].to_pylist(), strict=True)

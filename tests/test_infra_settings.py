@@ -131,7 +131,7 @@ def test_topics_follow_settings_and_size_the_broker() -> None:
         "ultra": "t.ultra",
         "dlq": "t.dlq",
     }
-    assert (specs["raw"].partitions, specs["ultra"].partitions, specs["dlq"].partitions) == (4, 2, 1)
+    assert (specs["raw"].partitions, specs["ultra"].partitions, specs["dlq"].partitions) == (4, 4, 1)
     assert specs["raw"].config["retention.ms"] == str(7 * 24 * 3600 * 1000)
     assert specs["dlq"].config["retention.ms"] == str(30 * 24 * 3600 * 1000)
     assert specs["raw"].config["max.message.bytes"] == str(4 * 1024 * 1024)

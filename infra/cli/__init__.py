@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import typer
 from confluent_kafka import KafkaException
 
-from infra.cli import lake, pipeline, stack
+from infra.cli import common, lake, pipeline, stack
 from infra.cli.common import UsageError, root
 from schemas.exceptions import RollstreamError
 
@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     other rollstream error (one line on stderr), 3 `status` found the broker down, 130 Ctrl-C.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    common.INVOCATION[:] = args
     name = next((a for a in args if not a.startswith("-")), "")
     name = name if name in _COMMANDS else ""
     try:

@@ -26,6 +26,10 @@ class UsageError(RollstreamError):
     """A flag's value cannot be used; the message says which and what to write."""
 
 
+INVOCATION: list[str] = []
+"""The command line `main` is running (without the program name): `process --workers N` re-runs it per worker."""
+
+
 def progress(message: str) -> None:
     """One line of what a command is doing, on stderr (stdout carries results)."""
     print(f"[rollstream] {message}", file=sys.stderr, flush=True)

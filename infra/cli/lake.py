@@ -119,7 +119,10 @@ def report(
 ) -> int:
     from consumers.report import build_report
 
-    built = build_report(common.settings().lake_dir, out, progress=progress)
+    settings = common.settings()
+    built = build_report(
+        settings.lake_uri, out, progress=progress, storage_options=settings.delta_storage_options()
+    )
     progress(f"open {built.html_path}")
     print(json.dumps(built.as_dict()))
     return 0

@@ -138,14 +138,32 @@ def process(
     ] = 1.0,
     session_timeout: Annotated[
         float,
-        typer.Option("--session-timeout", help="Kafka session timeout: a killed worker's hold, seconds"),
-    ] = 60.0,
+        typer.Option(
+            "--session-timeout", help="Kafka session timeout: how long a killed worker holds its partitions, seconds"
+        ),
+    ] = 10.0,
+    workers: Annotated[
+        int, typer.Option("--workers", help="worker processes in the consumer group (one per partition at most)")
+    ] = 1,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-id",
+            help="static group membership: worker i is '<id>-i'; a restart within the session timeout keeps its partitions",
+        ),
+    ] = None,
+    worker_index: Annotated[int | None, typer.Option("--worker-index", hidden=True)] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
 ) -> int:
     from schemas.profile import load_profile
     from stream_processors import create_app, run_worker
     from stream_processors.advantages import GroupNormalization, OverlongPenalty
 
+    if workers > 1:
+        from infra.cli.common import INVOCATION
+        from infra.workers import run_workers, worker_argv
+
+        return run_workers(worker_argv(INVOCATION), workers)
     settings = common.settings()
     app = create_app(
         verifiers=_verifiers(settings),
@@ -153,7 +171,8 @@ def process(
         verifier_processes=settings.verifier_processes,
         bootstrap_servers=settings.bootstrap_servers,
         kafka_client=settings.kafka_client,
-        lake_dir=settings.lake_dir,
+        lake_dir=settings.lake_uri,
+        storage_options=settings.delta_storage_options(),
         raw_topic=settings.raw_topic,
         ultra_topic=None if no_ultra else settings.ultra_topic,
         dlq_topic=settings.dlq_topic,
@@ -176,7 +195,8 @@ def process(
         commit_bytes=commit_mb * 2**20,
         commit_interval_s=commit_interval,
         session_timeout_s=session_timeout,
-        data_dir=settings.state_dir / "faust",
+        instance_id=None if instance_id is None else f"{instance_id}-{worker_index or 0}",
+        data_dir=settings.state_dir / ("faust" if worker_index is None else f"faust-{worker_index}"),
     )
     import threading
 
@@ -213,7 +233,8 @@ def rescore(
 
     settings = common.settings()
     summary = run_rescore(
-        lake_dir=settings.lake_dir,
+        lake_dir=settings.lake_uri,
+        storage_options=settings.delta_storage_options(),
         domain=domain,
         verifier_version=verifier_version,
         table_version=table_version,
@@ -307,7 +328,8 @@ def learn(
     bars = Bars(enabled=bars_wanted() and not no_progress)
     with bars:
         result = run_learn(
-            table_uri=str(settings.lake_dir / "trajectories"),
+            table_uri=settings.lake_table_uri("trajectories"),
+            storage_options=settings.delta_storage_options(),
             tracking_uri=settings.tracking_uri,
             experiment=experiment,
             steps=steps,

@@ -28,10 +28,23 @@ def up(
             help="SASL/SCRAM over TLS with per-role users and ACLs (certificates generated; docs/security.md)",
         ),
     ] = False,
+    object_store: Annotated[
+        bool,
+        typer.Option(
+            "--object-store",
+            help="also start MinIO on 127.0.0.1 for the lake (built once per machine with Go; docs/deploy.md)",
+        ),
+    ] = False,
 ) -> int:
     from infra import services
 
-    status = services.up(common.settings(), mlflow_server=mlflow_server, secure=secure, progress=progress)
+    status = services.up(
+        common.settings(),
+        mlflow_server=mlflow_server,
+        secure=secure,
+        object_store=object_store,
+        progress=progress,
+    )
     print(status.describe())
     return 0
 
@@ -74,9 +87,10 @@ def status(
                 broker=broker_status(settings),
                 bootstrap_servers=settings.bootstrap_servers,
                 topics=(settings.raw_topic, settings.ultra_topic),
-                lake_dir=str(settings.lake_dir),
+                lake_dir=settings.lake_uri,
                 tracking_uri=settings.tracking_uri,
                 group=group,
+                storage_options=settings.delta_storage_options(),
                 kafka_client=settings.kafka_client,
             )
 
@@ -192,10 +206,16 @@ def offsets_reset(
     client = settings.kafka_client
     partitions = topic_partitions(settings.bootstrap_servers, [topic], kafka_client=client)[topic]
     topic_id = topic_ids(settings.bootstrap_servers, [topic], kafka_client=client)[topic]
+    options = settings.delta_storage_options()
+
+    def table(name: str, partition_by: list[str] | None = None) -> TxnTable:
+        uri = settings.lake_table_uri(name)
+        return TxnTable(uri, app_id=app_id, partition_by=partition_by, storage_options=options)
+
     version = reset_topic(
-        TxnTable(str(settings.lake_dir / "trajectories"), app_id=app_id, partition_by=["bucket"]),
-        TxnTable(str(settings.lake_dir / "dead_letters"), app_id=app_id),
-        executions=TxnTable(str(settings.lake_dir / "executions"), app_id=app_id),
+        table("trajectories", ["bucket"]),
+        table("dead_letters"),
+        executions=table("executions"),
         topic=topic,
         partitions=partitions,
         topic_id=topic_id,
