@@ -73,6 +73,10 @@ def judge_record(verifiers: DomainVerifiers, record: Mapping[str, Any]) -> Verdi
     return verdict
 
 
+def _ready() -> None:
+    """A no-op: submitting it starts a process and runs its initializer."""
+
+
 def _judge_chunk(records: list[dict[str, Any]]) -> list[Verdict | InvalidRecordError]:
     assert _verifiers is not None, "the pool's initializer did not run"
     return [judge_record(_verifiers, r) for r in records]
@@ -99,7 +103,7 @@ class VerifierPool:
         self._executor = self._new_executor()
 
     def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
+        executor = ProcessPoolExecutor(
             max_workers=self.size,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
@@ -109,6 +113,9 @@ class VerifierPool:
                 dict(self.verifiers.versions),
             ),
         )
+        for _ in range(self.size):
+            executor.submit(_ready)  # start the processes now, not when the first batch waits for them
+        return executor
 
     def takes(self, record: Mapping[str, Any]) -> bool:
         """Whether `record`'s verifier is one the pool judges."""
