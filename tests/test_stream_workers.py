@@ -54,7 +54,9 @@ def assignment(admin: AdminClient, group: str) -> dict[str, set[tuple[str, int]]
     workers: dict[str, set[tuple[str, int]]] = {}
     for m in described.members:
         worker = str(m.group_instance_id).rsplit("-", 1)[0]
-        workers.setdefault(worker, set()).update((tp.topic, tp.partition) for tp in m.assignment.topic_partitions)
+        workers.setdefault(worker, set()).update(
+            (tp.topic, tp.partition) for tp in m.assignment.topic_partitions
+        )
     return workers
 
 

@@ -139,11 +139,13 @@ def process(
     session_timeout: Annotated[
         float,
         typer.Option(
-            "--session-timeout", help="Kafka session timeout: how long a killed worker holds its partitions, seconds"
+            "--session-timeout",
+            help="Kafka session timeout: how long a killed worker holds its partitions, seconds",
         ),
     ] = 10.0,
     workers: Annotated[
-        int, typer.Option("--workers", help="worker processes in the consumer group (one per partition at most)")
+        int,
+        typer.Option("--workers", help="worker processes in the consumer group (one per partition at most)"),
     ] = 1,
     instance_id: Annotated[
         str | None,
@@ -317,13 +319,15 @@ def learn(
     import signal
     import threading
 
+    # Before the heavy imports (torch): a SIGTERM while starting still ends the run cleanly.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
     from consumers import learn as run_learn
     from infra.progress_bars import Bars, bars_wanted
 
     settings = common.settings()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     steps = steps if steps is not None else (None if follow else 20)
     bars = Bars(enabled=bars_wanted() and not no_progress)
     with bars:
