@@ -48,11 +48,13 @@ class SourceMessage:
 
 @dataclass(slots=True)
 class JudgedBatch:
-    """A batch judged: samples for the group buffer, dead letters, the sandbox executions with their
-    source coordinates (parallel lists), and how many messages were already decided (replays)."""
+    """A batch judged: samples for the group buffer with their messages (parallel lists), dead
+    letters, the sandbox executions with their source coordinates (parallel lists), and how many
+    messages were already decided (replays)."""
 
     coordinates: list[Coordinates] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    sources: list[SourceMessage] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     executions: list[ExecutionRecord] = field(default_factory=list)
     execution_coordinates: list[Coordinates] = field(default_factory=list)
@@ -151,6 +153,7 @@ class BatchProcessor:
             out.samples.append(
                 Sample(message.coordinates, record, tokens, verdict, bucket, len(message.value or b""))
             )
+            out.sources.append(message)
         out.seconds = time.perf_counter() - start
         return out
 

@@ -4,7 +4,9 @@ The sandbox sees /usr, /lib*, /bin and the interpreter's prefix read-only, a fre
 /dev, a task directory read-only at /task, an environment read-only at /env, and two private
 size-capped tmpfs (/work, its working directory, and /tmp) as the only writable places. The
 root is remounted read-only, there is no home, no network (a new, empty network namespace) and
-no inherited environment variable.
+no inherited environment variable. The code runs as an unprivileged id (SANDBOX_UID, nobody) of
+its own user namespace with every capability dropped, so it is no root even inside the sandbox:
+it cannot remount, change what it may read, or keep a capability across an exec.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from stream_processors.sandbox.limits import Limits
 TASK_DIR = "/task"
 ENV_DIR = "/env"
 WORK_DIR = "/work"
+SANDBOX_UID = 65534
+"""The user and group id the code runs as inside its user namespace (nobody, nogroup)."""
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 
 
@@ -65,6 +69,13 @@ def bwrap_argv(
     argv = [
         binary,
         "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--cap-drop",
+        "ALL",
         "--die-with-parent",
         "--new-session",
         "--clearenv",
