@@ -91,6 +91,7 @@ def test_host_processes_cannot_be_signalled(sandbox, host):
 
 
 def test_proc_shows_nothing_of_the_host_and_takes_no_writes(sandbox, host):
+    # Every write puts back the value just read: harmless to the host even if the sandbox failed.
     code = (
         "import os\n"
         "def ok():\n"
@@ -102,18 +103,16 @@ def test_proc_shows_nothing_of_the_host_and_takes_no_writes(sandbox, host):
         "    mounts = open('/proc/self/mountinfo').read()\n"
         f"    assert {str(REPO)!r} not in mounts, mounts\n"
         "    written = []\n"
-        "    for path, value in (('/proc/sysrq-trigger', 'b'), ('/proc/sys/vm/drop_caches', '3'),\n"
-        "                        ('/proc/sys/kernel/hostname', 'pwned'), ('/proc/self/oom_score_adj', '-1000'),\n"
-        "                        ('/proc/sys/kernel/core_pattern', '|/bin/sh')):\n"
-        "        try:\n            open(path, 'w').write(value)\n            written.append(path)\n"
+        "    for path in ('/proc/sys/vm/swappiness', '/proc/sys/kernel/pid_max', '/proc/sys/kernel/core_pattern'):\n"
+        "        try:\n            value = open(path).read()\n            open(path, 'w').write(value)\n"
+        "            written.append(path)\n"
         "        except OSError:\n            pass\n"
         "    assert not written, written\n"
-        "    try:\n        os.setuid(0)\n        return False\n    except PermissionError:\n        pass\n"
+        "    try:\n        os.setuid(0)\n        return False\n    except OSError:  # EINVAL: no uid 0 in the namespace\n        pass\n"
         "    return True\n"
     )
-    v = verdict(sandbox, code)
+    v = verdict(sandbox, code, Limits(cpu_s=5, wall_s=30))
     assert v.status == "ok", v.detail
-    assert Path("/proc/sys/kernel/core_pattern").read_text().strip() != "|/bin/sh"
 
 
 def test_thousands_of_threads_hit_the_process_limit(sandbox, host):
@@ -125,7 +124,7 @@ def test_thousands_of_threads_hit_the_process_limit(sandbox, host):
         "    t.start()\n"
         "    ts.append(t)\n" + OK
     )
-    v = verdict(sandbox, code, Limits(cpu_s=3, wall_s=5, processes=32))
+    v = verdict(sandbox, code, Limits(cpu_s=5, wall_s=20, processes=32))
     assert v.reward == 0.0 and v.status in ("error", "fail"), v.detail
     if v.status == "error":
         assert v.executions[0].outcome == "process_limit", v.executions[0].outcome
