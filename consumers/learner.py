@@ -97,6 +97,7 @@ def learn(
     rows_log: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    on_step: Callable[[int, int | None], None] | None = None,
     **replay: Any,
 ) -> LearnResult:
     """Train on the trajectories table through a `ReplayBuffer`, log to MLflow, checkpoint.
@@ -120,6 +121,7 @@ def learn(
         rows_log: a JSON-lines file naming each step's rows (audits, lineage).
         progress: called with one line of text per step.
         stop: set it to end a following run after the current step.
+        on_step: called with (step, total steps or None) after each step, for progress bars.
         **replay: `ReplayConfig` fields (token_budget, max_length, vocab_size, follow, max_lag, ...).
 
     Raises:
@@ -141,9 +143,8 @@ def learn(
     )
     config = ReplayConfig(table_uri=table_uri, seed=seed, **replay)
     check_tracking_uri(tracking_uri)
-    return _Learner(options, config, progress=progress, stop=stop or threading.Event()).run(
-        tracking_uri=tracking_uri, experiment=experiment
-    )
+    learner = _Learner(options, config, progress=progress, stop=stop or threading.Event(), on_step=on_step)
+    return learner.run(tracking_uri=tracking_uri, experiment=experiment)
 
 
 class _Learner:
@@ -156,11 +157,13 @@ class _Learner:
         *,
         progress: Callable[[str], None] | None,
         stop: threading.Event,
+        on_step: Callable[[int, int | None], None] | None = None,
     ) -> None:
         torch.manual_seed(options.seed)
         self.options = options
         self.config = config
         self.progress = progress
+        self.on_step = on_step
         self.stop = stop
         self.policy = TinyPolicy(vocab_size=config.vocab_size, dim=options.dim)
         self.reference = copy.deepcopy(self.policy).requires_grad_(False) if options.kl_coef > 0 else None
@@ -350,6 +353,8 @@ class _Learner:
                 f"step {self.step}/{total} loss={self.loss:.4f} clip={parts['clip_fraction']:.2f} "
                 f"rows={rows} tokens={tokens} waste={padded['padding_waste']:.3f} read_to=v{self.buffer.read_to}"
             )
+        if self.on_step is not None:
+            self.on_step(self.step, self.options.steps)
         return metrics
 
     def _bucket_mix(self) -> dict[str, float]:

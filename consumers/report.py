@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,17 +70,25 @@ def build_report(
     *,
     profile: WorkloadProfile | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> Report:
-    """Read the lake's tables and write report.html and one PNG per plot into `out_dir`."""
-    present = existing_tables(lake_dir)
+    """Read the lake's tables (a directory or object-store URI) and write report.html and one PNG
+    per plot into `out_dir`."""
+    present = existing_tables(lake_dir, storage_options=storage_options)
     if "trajectories" not in present:
         raise AnalyticsError(f"no trajectories table under {lake_dir}: run `rollstream process` first")
     profile = profile or load_profile()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = scan_table(lake_dir, "trajectories").select(_TRAJECTORY_COLUMNS).collect()
+    rows = (
+        scan_table(lake_dir, "trajectories", storage_options=storage_options)
+        .select(_TRAJECTORY_COLUMNS)
+        .collect()
+    )
     letters = (
-        scan_table(lake_dir, "dead_letters").select("reason", "error_type", "failed_at").collect()
+        scan_table(lake_dir, "dead_letters", storage_options=storage_options)
+        .select("reason", "error_type", "failed_at")
+        .collect()
         if "dead_letters" in present
         else pl.DataFrame(schema={"reason": pl.String, "error_type": pl.String, "failed_at": pl.Datetime})
     )
@@ -88,7 +96,9 @@ def build_report(
 
     from consumers.sql import table_location
 
-    version = DeltaTable(table_location(lake_dir, "trajectories")).version()
+    version = DeltaTable(
+        table_location(lake_dir, "trajectories"), storage_options=dict(storage_options or {}) or None
+    ).version()
     report = Report(out / "report.html", rows=rows.height, dead_letters=letters.height, table_version=version)
     plots: list[tuple[str, str, Figure]] = []
     for title, caption, make in (

@@ -7,8 +7,10 @@ found by its (topic, partition, offset): whatever else the topic and tables hold
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from confluent_kafka import Consumer, TopicPartition
@@ -19,10 +21,13 @@ OffsetRanges = dict[int, tuple[int, int]]
 """partition -> [first offset, end offset) of a run's messages."""
 
 
-def high_watermarks(bootstrap_servers: str, topic: str) -> dict[int, int]:
+def high_watermarks(
+    bootstrap_servers: str, topic: str, *, kafka_client: Mapping[str, Any] | None = None
+) -> dict[int, int]:
     """The next offset of every partition of `topic`, which must exist (`rollstream up`)."""
     consumer = Consumer(
         {
+            **(kafka_client or {}),
             "bootstrap.servers": bootstrap_servers,
             "group.id": "rollstream-accounting",
             "enable.auto.commit": False,

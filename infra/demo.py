@@ -20,6 +20,7 @@ from typing import Any
 from infra.accounting import OffsetRanges, Outcome, high_watermarks, outcome, ranges_between
 from infra.exceptions import DemoError
 from infra.processes import tail, terminate
+from infra.progress_bars import Advance
 from infra.settings import Settings
 
 Progress = Callable[[str], None]
@@ -97,6 +98,7 @@ def publish_synthetic(
     seed: int | None,
     bad_fraction: float,
     progress: Progress,
+    advance: Advance | None = None,
 ) -> dict[str, int]:
     """Publish `trajectories` fleet records plus malformed ones; returns acked counts."""
     from producers import Publisher, SyntheticFleet, malformed_messages
@@ -113,29 +115,38 @@ def publish_synthetic(
         f"publishing {good} trajectories and {bad} malformed messages to {settings.raw_topic} (seed {seed})"
     )
     every = max(1, trajectories // 10)
-    with Publisher(bootstrap_servers=settings.bootstrap_servers, topic=settings.raw_topic) as publisher:
+    with Publisher(
+        bootstrap_servers=settings.bootstrap_servers,
+        topic=settings.raw_topic,
+        extra_config=dict(settings.kafka_client),
+    ) as publisher:
         # Lengths drawn from the inference workload profile the processor buckets by.
         fleet = SyntheticFleet(seed, profile=load_profile(settings.profile_path or None))
         for i, record in enumerate(fleet.trajectories(good), start=1):
             publisher.publish(record)
-            if i % every == 0:
+            if advance is not None and i % 100 == 0:
+                advance("publish", i, trajectories)
+            elif advance is None and i % every == 0:
                 progress(f"  published {i}/{trajectories}")
         for key, value, _kind in malformed_messages(seed, bad):
             publisher.publish_raw(value, key)
         publisher.flush()
+    if advance is not None:
+        advance("publish", trajectories, trajectories)
     return {"seed": seed, "published": trajectories, "good": good, "malformed": bad}
 
 
 def _settings_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for f in dataclasses.fields(settings):
-        env[f"ROLLSTREAM_{f.name.upper()}"] = str(getattr(settings, f.name))
-    env["ROLLSTREAM_BOOTSTRAP_SERVERS"] = settings.bootstrap_servers
-    return env
+    return {**os.environ, **settings.as_env()}
 
 
 def process_until_accounted(
-    settings: Settings, *, ranges: OffsetRanges, timeout_s: float, progress: Progress
+    settings: Settings,
+    *,
+    ranges: OffsetRanges,
+    timeout_s: float,
+    progress: Progress,
+    advance: Advance | None = None,
 ) -> Outcome:
     """Run `rollstream process` as a child until every message in `ranges` is a row or a dead letter."""
     log_path = settings.state_dir / "logs" / "processor.log"
@@ -151,7 +162,10 @@ def process_until_accounted(
         last = -1
         while True:
             now = outcome(settings.lake_dir, settings.raw_topic, ranges)
-            if now.accounted != last:
+            if now.accounted != last and advance is not None:
+                advance("process", now.accounted, now.expected)
+                last = now.accounted
+            elif now.accounted != last:
                 progress(
                     f"  processed {now.accounted}/{now.expected} "
                     f"({now.rows} rows in Delta, {now.dead_letters} dead letters)"
@@ -185,8 +199,13 @@ def run_demo(
     learn_steps: int = 20,
     timeout_s: float = 900.0,
     progress: Progress,
+    advance: Advance | None = None,
 ) -> DemoSummary:
-    """Up, publish, process, learn; return the accounting of this run."""
+    """Up, publish, process, learn; return the accounting of this run.
+
+    `advance(phase, done, total)` follows the publish, process and learn phases (progress bars);
+    without it those phases report through `progress` lines.
+    """
     import polars as pl
 
     from consumers import learn
@@ -201,13 +220,23 @@ def run_demo(
     table_uri, dlq_uri = str(settings.lake_dir / "trajectories"), str(settings.lake_dir / "dead_letters")
     # This run's messages are the offsets published between the two watermark readings: the
     # accounting counts exactly those, whatever the topic and tables held before.
-    before = high_watermarks(settings.bootstrap_servers, settings.raw_topic)
+    before = high_watermarks(
+        settings.bootstrap_servers, settings.raw_topic, kafka_client=settings.kafka_client
+    )
     started = time.monotonic()
     published = publish_synthetic(
-        settings, trajectories=trajectories, seed=seed, bad_fraction=bad_fraction, progress=progress
+        settings,
+        trajectories=trajectories,
+        seed=seed,
+        bad_fraction=bad_fraction,
+        progress=progress,
+        advance=advance,
     )
     seconds["publish"] = time.monotonic() - started
-    ranges = ranges_between(before, high_watermarks(settings.bootstrap_servers, settings.raw_topic))
+    ranges = ranges_between(
+        before,
+        high_watermarks(settings.bootstrap_servers, settings.raw_topic, kafka_client=settings.kafka_client),
+    )
     in_topic = sum(high - low for low, high in ranges.values())
     if in_topic != published["published"]:
         raise DemoError(
@@ -216,7 +245,9 @@ def run_demo(
         )
 
     started = time.monotonic()
-    found = process_until_accounted(settings, ranges=ranges, timeout_s=timeout_s, progress=progress)
+    found = process_until_accounted(
+        settings, ranges=ranges, timeout_s=timeout_s, progress=progress, advance=advance
+    )
     seconds["process"] = time.monotonic() - started
 
     progress(f"learning for {learn_steps} steps from {table_uri}")
@@ -225,7 +256,8 @@ def run_demo(
         table_uri=table_uri,
         tracking_uri=settings.tracking_uri,
         steps=learn_steps,
-        progress=progress,
+        progress=None if advance is not None else progress,
+        on_step=None if advance is None else lambda step, total: advance("learn", step, total),
         vocab_size=settings.vocab_size,
         profile_path=settings.profile_path or None,
     )

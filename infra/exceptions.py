@@ -31,5 +31,9 @@ class MlflowServerError(InfraError):
     """The MLflow tracking server could not be started or stopped."""
 
 
+class ObjectStoreError(InfraError):
+    """The object store (MinIO) could not be built, started, reached or stopped."""
+
+
 class DemoError(InfraError):
     """The end-to-end demo could not account for every published message."""

@@ -9,10 +9,21 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from infra.broker import broker_status, broker_statuses, running_layout, start_broker, stop_broker
+from infra.broker import (
+    BrokerPaths,
+    broker_status,
+    broker_statuses,
+    running_layout,
+    stack_client_config,
+    start_broker,
+    stop_broker,
+)
+from infra.exceptions import BrokerError
 from infra.kafka_jars import ensure_jars
 from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
+from infra.object_store import lake_settings_hint, object_store_status, start_object_store, stop_object_store
 from infra.processes import ProcessStatus, stderr_progress
+from infra.secure import SecurePaths, ensure_material, ensure_users_and_acls, write_role_configs
 from infra.settings import Settings
 from infra.topics import TopicChange, admin_client, load_topics, provision_topics, wait_until_served
 
@@ -45,6 +56,7 @@ class ServiceStatus:
     changes: tuple[TopicChange, ...] = ()
     error: str | None = None
     nodes: tuple[ProcessStatus, ...] = ()
+    object_store: ProcessStatus | None = None
 
     @property
     def running(self) -> bool:
@@ -75,6 +87,13 @@ class ServiceStatus:
             },
             "changes": [str(change) for change in self.changes],
             "nodes": [{"name": n.name, "running": n.running, "pid": n.pid, "url": n.url} for n in self.nodes],
+            "object_store": None
+            if self.object_store is None
+            else {
+                "running": self.object_store.running,
+                "pid": self.object_store.pid,
+                "url": self.object_store.url,
+            },
             "error": self.error,
         }
 
@@ -89,6 +108,8 @@ class ServiceStatus:
             f"tracking uri:  {self.tracking_uri}",
             f"state dir:     {self.state_dir}",
         ]
+        if self.object_store is not None and self.object_store.running:
+            lines.append(f"object store:  running (pid {self.object_store.pid}) at {self.object_store.url}")
         if len(self.nodes) > 1:
             for node in self.nodes:
                 state = f"running (pid {node.pid})" if node.running else "DOWN"
@@ -104,34 +125,67 @@ def up(
     settings: Settings,
     *,
     mlflow_server: bool = False,
+    secure: bool = False,
+    object_store: bool = False,
     progress: Callable[[str], None] = stderr_progress,
 ) -> ServiceStatus:
     """Start what is not running and provision topics; safe to run again on a running stack.
 
-    Steps: fetch the Kafka jars once, format storage once, start the broker and wait until it
-    answers, provision the declared topics, then the tracking server when asked.
+        Steps: fetch the Kafka jars once, format storage once, start the broker and wait until it
+        answers, provision the declared topics, then the tracking server and the object store (MinIO,
+    infra/object_store.py) when asked. With `secure`
+        (or on a state directory set up so before), the brokers take only SASL_SSL clients, and the
+        role users and ACLs of infra/secure.py are created (docs/security.md).
 
-    Raises:
-        InfraError: a step failed; the message names the step's log or the setting to change.
+        Raises:
+            InfraError: a step failed; the message names the step's log or the setting to change.
     """
+    paths = SecurePaths.of(settings.state_dir)
+    if secure and not paths.enabled:
+        formatted = BrokerPaths.of(settings).data / "meta.properties"
+        if formatted.is_file() or (settings.state_dir / "kafka-cluster").is_dir():
+            raise BrokerError(
+                f"the state directory {settings.state_dir} holds a plaintext broker; `rollstream down`, "
+                "then start the secure stack in another --state-dir (or delete this one's kafka data)"
+            )
+        ensure_material(paths, settings.kafka_host)
+        progress(f"secure stack: certificates and role passwords in {paths.root}")
     specs = load_topics(settings)
     jars = ensure_jars(settings, progress=progress)
     start_broker(settings, jars=jars, specs=specs, progress=progress)
-    admin = admin_client(settings.bootstrap_servers)
+    admin = admin_client(settings.bootstrap_servers, stack_client_config(settings))
     changes = provision_topics(admin, specs)
     wait_until_served(admin, [spec.name for spec in specs])
+    if paths.enabled:
+        passwords = ensure_material(paths, settings.kafka_host)
+        ensure_users_and_acls(
+            admin,
+            passwords,
+            trajectory_topics=[settings.raw_topic, settings.ultra_topic],
+            dlq_topic=settings.dlq_topic,
+        )
+        for config in write_role_configs(paths, passwords):
+            progress(f"client settings: {config}")
     for change in changes:
         if change.action != "unchanged":
             progress(f"topic {change}")
     if mlflow_server:
         start_mlflow_server(settings, progress=progress)
+    if object_store:
+        store = start_object_store(settings, progress=progress)
+        progress(f"lake on the object store: {lake_settings_hint(store)}")
     return replace(status(settings), changes=tuple(changes))
 
 
 def down(settings: Settings, *, progress: Callable[[str], None] = stderr_progress) -> list[str]:
-    """Stop the tracking server and the broker of this state directory; return what was stopped."""
+    """Stop the tracking server, the object store and the broker of this state directory; return what was stopped."""
     stopped: list[str] = []
-    for name, stop in (("mlflow server", stop_mlflow_server), ("kafka broker", stop_broker)):
+    stops = (
+        ("mlflow server", stop_mlflow_server),
+        ("object store", stop_object_store),
+        ("kafka broker", stop_broker),
+    )
+    for name, stop in stops:
         pid = stop(settings)
         if pid is None:
             progress(f"{name}: not running")
@@ -150,7 +204,8 @@ def status(settings: Settings) -> ServiceStatus:
     error = None
     if kafka.running:
         try:
-            present = admin_client(settings.bootstrap_servers).list_topics(timeout=STATUS_TIMEOUT_S).topics
+            admin = admin_client(settings.bootstrap_servers, stack_client_config(settings))
+            present = admin.list_topics(timeout=STATUS_TIMEOUT_S).topics
             topics = tuple(sorted(name for name in present if not name.startswith("__")))
             missing = tuple(spec.name for spec in load_topics(settings) if spec.name not in present)
         except KafkaException as exc:
@@ -165,4 +220,5 @@ def status(settings: Settings) -> ServiceStatus:
         missing_topics=missing,
         error=error,
         nodes=tuple(broker_statuses(settings)),
+        object_store=object_store_status(settings),
     )

@@ -2,29 +2,55 @@
 
 Precedence, lowest to highest: field defaults, the TOML file (``./rollstream.toml`` when present, or
 the file passed in), environment variables ``ROLLSTREAM_<FIELD>``, explicit overrides (the CLI's
-flags). ``lake_dir`` and ``tracking_uri`` follow ``state_dir`` unless set themselves.
+flags). ``lake_uri``, ``sandbox_dir`` and ``tracking_uri`` follow ``state_dir`` unless set themselves.
+The model is pydantic-settings'; `Settings.load` reads each layer with its sources so an error can
+name the file or variable a bad value came from.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, get_type_hints
+from types import MappingProxyType
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
 
 from infra.exceptions import SettingsError
 
 DEFAULT_CONFIG_FILE = Path("rollstream.toml")
 ENV_PREFIX = "ROLLSTREAM_"
 BOOTSTRAP_KEY = "bootstrap_servers"
+ALIASES = {"lake_dir": "lake_uri"}
+"""Old names still accepted in every layer: ``lake_dir`` sets ``lake_uri``."""
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "azure")
+MANAGED_KAFKA_KEYS = frozenset(
+    {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "isolation.level"}
+)
+"""librdkafka properties rollstream sets itself; ``kafka_client`` may not override them."""
 
 _DERIVED_PATH = Path("<derived from state_dir>")
 _HEAP = re.compile(r"^[1-9][0-9]*[kKmMgG]?$")
 _VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SECRET = re.compile(r"password|secret|token|key$", re.IGNORECASE)
+_SOURCES: ContextVar[dict[str, str] | None] = ContextVar("rollstream_settings_sources", default=None)
 
 
 def _default_state_dir() -> Path:
@@ -36,8 +62,74 @@ def _default_cache_dir() -> Path:
     return Path(os.environ.get("ROLLSTREAM_CACHE") or "~/.cache/rollstream").expanduser().resolve()
 
 
-@dataclass(frozen=True)
-class Settings:
+def _as_int(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise ValueError("is not an integer; give a whole number such as 9092")
+
+
+def _as_str(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("is not a string; quote it")
+    return value
+
+
+def _as_path(value: Any) -> Any:
+    if value is _DERIVED_PATH:
+        return value
+    if not isinstance(value, str | Path) or not str(value):
+        raise ValueError("is not a path; give a directory as a string")
+    return Path(value).expanduser().resolve()
+
+
+def _as_servers(value: Any) -> Any:
+    """A comma-separated string or a list of ``host:port``, as one normalized comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
+        raise ValueError("is not a list of 'host:port'; give e.g. 'k1:9092,k2:9092' or a TOML list")
+    servers = [item.strip() for item in items if item.strip()]
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"has {server!r}, not 'host:port'; give e.g. 127.0.0.1:9092")
+    return ",".join(servers)
+
+
+def _as_options(value: Any) -> Any:
+    """A table of string options; TOML booleans and numbers become the strings the libraries expect."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError('is not a JSON object; give e.g. \'{"key": "value"}\'') from None
+    if not isinstance(value, Mapping):
+        raise ValueError("is not a table; give a TOML table or a JSON object of strings")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        if isinstance(item, bool):
+            out[str(key)] = "true" if item else "false"
+        elif isinstance(item, str | int | float):
+            out[str(key)] = str(item)
+        else:
+            raise ValueError(f"has {key} = {item!r}; give each option a string, number or boolean")
+    return out
+
+
+Int = Annotated[int, BeforeValidator(_as_int)]
+Str = Annotated[str, BeforeValidator(_as_str)]
+Dir = Annotated[Path, BeforeValidator(_as_path)]
+Servers = Annotated[str, BeforeValidator(_as_servers)]
+Options = Annotated[
+    Mapping[str, str],
+    BeforeValidator(_as_options),
+    AfterValidator(MappingProxyType),
+    PlainSerializer(dict, return_type=dict),
+]
+
+
+class Settings(BaseSettings):
     """Where local services run and what the pipeline's shared names are.
 
     Attributes:
@@ -48,7 +140,12 @@ class Settings:
         controller_port: The KRaft controller port of the combined node. Default 9093.
         kafka_version: Kafka release whose jars run the broker. Default ``4.1.1``.
         kafka_heap: The broker JVM's ``-Xmx``, e.g. ``512m`` or ``1g``. Default ``1g``.
-        lake_dir: Root of the Delta tables. Default ``<state_dir>/lake``.
+        lake_uri: Root of the Delta tables: a local directory, or an object-store URI (``s3://``,
+            ``gs://``, ``az://``, ``abfss://``). ``lake_dir`` is an alias accepted everywhere. Default
+            ``<state_dir>/lake``.
+        storage_options: Object-store options handed to deltalake and polars with the lake, e.g.
+            ``{AWS_ENDPOINT_URL = "http://127.0.0.1:9000", aws_conditional_put = "etag"}``. In the
+            environment: a JSON object. Default empty.
         tracking_uri: MLflow tracking store. Default ``sqlite:///<state_dir>/mlflow.db``.
         mlflow_port: Port of the optional MLflow tracking server. Default 5000.
         raw_topic: Topic of ordinary trajectories, keyed by group_id. Default ``rollouts.raw``.
@@ -59,12 +156,24 @@ class Settings:
         sandbox_dir: Sandboxed executions' task directories (``work/``) and the environment
             store (``environments/``). Default ``<state_dir>/sandbox``.
         sandbox_pool_size: Sandboxed judgements run at once per worker. Default 2.
+        verifier_processes: Spawned processes per worker judging the CPU-heavy verifiers (math,
+            extraction) off the event loop and the worker's GIL; 0 judges them in the worker.
+            Default 1.
         domain_registry: The domain registry file; empty means the shipped ``schemas/domains.toml``.
         unknown_domains: ``dead-letter`` (default) or ``task-type``: judge a domain missing from
             the registry with its task type's defaults instead.
         brokers: Kafka nodes `rollstream up` starts on this machine (KRaft, each a broker and a
             controller). Node i listens on ``kafka_port + 2i`` and ``controller_port + 2i``.
             With 3 or more, topics get replication factor 3 and min.insync.replicas 2. Default 1.
+        bootstrap_servers: The brokers clients connect to, ``host:port`` comma-separated (or a TOML
+            list). One address is shorthand for ``kafka_host`` and ``kafka_port``; several name an
+            external cluster and are used as given. Default: the local nodes.
+        kafka_client: librdkafka properties added to every Kafka producer, consumer and admin client
+            rollstream creates, e.g. ``{"security.protocol" = "SASL_SSL", "sasl.mechanism" =
+            "SCRAM-SHA-512", "sasl.username" = "...", "sasl.password" = "...", "ssl.ca.location" =
+            "ca.pem"}``. Not allowed: bootstrap.servers, group.id, enable.auto.commit,
+            enable.auto.offset.store, isolation.level (rollstream sets those). In the environment:
+            a JSON object. Default empty.
         profile_path: The inference workload profile file the processor buckets by (fit one with
             ``rollstream profile fit``). Default empty: the shipped profile
             (schemas/profiles/azure_conv_2023.toml).
@@ -72,72 +181,124 @@ class Settings:
             Default 32768.
     """
 
-    state_dir: Path = field(default_factory=_default_state_dir)
-    kafka_host: str = "127.0.0.1"
-    kafka_port: int = 9092
-    controller_port: int = 9093
-    kafka_version: str = "4.1.1"
-    kafka_heap: str = "1g"
-    lake_dir: Path = _DERIVED_PATH
-    tracking_uri: str = ""
-    mlflow_port: int = 5000
-    raw_topic: str = "rollouts.raw"
-    ultra_topic: str = "rollouts.ultra"
-    dlq_topic: str = "rollouts.dlq"
-    cache_dir: Path = field(default_factory=_default_cache_dir)
-    sandbox_dir: Path = _DERIVED_PATH
-    sandbox_pool_size: int = 2
-    domain_registry: str = ""
-    unknown_domains: str = "dead-letter"
-    brokers: int = 1
-    profile_path: str = ""
-    vocab_size: int = 32_768
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix=ENV_PREFIX)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "state_dir", self.state_dir.expanduser().resolve())
-        object.__setattr__(self, "cache_dir", self.cache_dir.expanduser().resolve())
-        if self.lake_dir is _DERIVED_PATH:
-            object.__setattr__(self, "lake_dir", self.state_dir / "lake")
-        else:
-            object.__setattr__(self, "lake_dir", self.lake_dir.expanduser().resolve())
-        if self.sandbox_dir is _DERIVED_PATH:
-            object.__setattr__(self, "sandbox_dir", self.state_dir / "sandbox")
-        else:
-            object.__setattr__(self, "sandbox_dir", self.sandbox_dir.expanduser().resolve())
-        if not self.tracking_uri:
-            object.__setattr__(self, "tracking_uri", f"sqlite:///{self.state_dir / 'mlflow.db'}")
-        self._validate()
+    state_dir: Dir = Field(default_factory=_default_state_dir)
+    kafka_host: Str = "127.0.0.1"
+    kafka_port: Int = 9092
+    controller_port: Int = 9093
+    kafka_version: Str = "4.1.1"
+    kafka_heap: Str = "1g"
+    lake_uri: Str = Field(default="", validate_default=True)
+    storage_options: Options = Field(default_factory=lambda: MappingProxyType({}))
+    tracking_uri: Str = Field(default="", validate_default=True)
+    mlflow_port: Int = 5000
+    raw_topic: Str = "rollouts.raw"
+    ultra_topic: Str = "rollouts.ultra"
+    dlq_topic: Str = "rollouts.dlq"
+    cache_dir: Dir = Field(default_factory=_default_cache_dir)
+    sandbox_dir: Dir = Field(default=_DERIVED_PATH, validate_default=True)
+    sandbox_pool_size: Int = 2
+    verifier_processes: Int = 1
+    domain_registry: Str = ""
+    unknown_domains: Str = "dead-letter"
+    brokers: Int = 1
+    bootstrap_servers: Servers = Field(default="", validate_default=True)
+    kafka_client: Options = Field(default_factory=lambda: MappingProxyType({}))
+    profile_path: Str = ""
+    vocab_size: Int = 32_768
 
-    @property
-    def bootstrap_servers(self) -> str:
-        """The ``host:port[,host:port...]`` clients pass as ``bootstrap.servers``: every local node."""
-        return ",".join(f"{self.kafka_host}:{port}" for port, _ in self.node_ports())
-
-    def node_ports(self) -> list[tuple[int, int]]:
-        """(client port, controller port) of each local Kafka node."""
-        return [(self.kafka_port + 2 * i, self.controller_port + 2 * i) for i in range(self.brokers)]
+    def __init__(self, **values: Any) -> None:
+        """Validate `values` alone (no file, no environment: that is `load`); errors are SettingsError."""
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(_explain(exc, _SOURCES.get() or {})) from None
 
     @classmethod
-    def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
-        """Fold defaults, the config file, ``ROLLSTREAM_*`` variables and overrides (None = not given).
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Constructing takes only its arguments; `load` folds the file and environment itself."""
+        return (init_settings,)
 
-        Raises:
-            SettingsError: a key is unknown, a value has the wrong type or range, or an explicitly
-                named config file does not exist.
-        """
-        values: dict[str, Any] = {}
-        if config_file is not None:
-            if not Path(config_file).is_file():
-                raise SettingsError(f"config file {config_file} does not exist; create it or drop the option")
-            values.update(_from_file(Path(config_file)))
-        elif DEFAULT_CONFIG_FILE.is_file():
-            values.update(_from_file(DEFAULT_CONFIG_FILE))
-        values.update(_from_env(os.environ))
-        given = {key: value for key, value in overrides.items() if value is not None}
-        values.update(_coerce_layer(given, source="override", base=Path.cwd(), strict=True))
-        return cls(**values)
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_aliases(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in ALIASES.items():
+            if old in data:
+                if new in data:
+                    raise SettingsError(f"both {old} and {new} are set; {old} is an alias of {new}, keep one")
+                data[new] = data.pop(old)
+        expanded = _single_server(data)
+        for name, value in expanded.items():
+            if name in data and str(data[name]) != str(value):
+                raise SettingsError(
+                    f"bootstrap_servers = {data[BOOTSTRAP_KEY]!r} and {name} = {data[name]!r} disagree; "
+                    "set one of them"
+                )
+        if expanded:
+            data = {**{k: v for k, v in data.items() if k != BOOTSTRAP_KEY}, **expanded}
+        return data
 
-    def _validate(self) -> None:
+    @field_validator("lake_uri")
+    @classmethod
+    def _lake(cls, value: str, info: ValidationInfo) -> str:
+        state_dir = info.data.get("state_dir", _default_state_dir())
+        if not value:
+            return str(state_dir / "lake")
+        scheme, sep, _ = value.partition("://")
+        if not sep:
+            return str(Path(value).expanduser().resolve())
+        if scheme == "file":
+            return str(Path(value.removeprefix("file://")).expanduser().resolve())
+        if scheme not in OBJECT_STORE_SCHEMES:
+            raise ValueError(
+                f"has the scheme {scheme!r}; give a local path or one of "
+                + ", ".join(f"{s}://" for s in OBJECT_STORE_SCHEMES)
+            )
+        return value.rstrip("/")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking(cls, value: str, info: ValidationInfo) -> str:
+        return value or f"sqlite:///{info.data.get('state_dir', _default_state_dir()) / 'mlflow.db'}"
+
+    @field_validator("sandbox_dir")
+    @classmethod
+    def _sandbox(cls, value: Path, info: ValidationInfo) -> Path:
+        return (
+            info.data.get("state_dir", _default_state_dir()) / "sandbox" if value is _DERIVED_PATH else value
+        )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, value: str, info: ValidationInfo) -> str:
+        if value:
+            return value
+        host, port, count = (info.data.get(k) for k in ("kafka_host", "kafka_port", "brokers"))
+        if not isinstance(host, str) or not isinstance(port, int) or not isinstance(count, int):
+            return ""  # a field it follows is invalid and reported on its own
+        return ",".join(f"{host}:{port + 2 * i}" for i in range(count))
+
+    @field_validator("kafka_client")
+    @classmethod
+    def _client(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        managed = sorted(MANAGED_KAFKA_KEYS & set(value))
+        if managed:
+            raise ValueError(f"sets {', '.join(managed)}, which rollstream manages; remove them")
+        return value
+
+    @model_validator(mode="after")
+    def _validate(self) -> Settings:
         if not 1 <= self.brokers <= 9:
             raise SettingsError(f"brokers = {self.brokers}; run 1 to 9 local Kafka nodes")
         ports = {"kafka_port": self.kafka_port, "controller_port": self.controller_port}
@@ -155,6 +316,8 @@ class Settings:
             )
         if self.sandbox_pool_size < 1:
             raise SettingsError(f"sandbox_pool_size = {self.sandbox_pool_size} must be at least 1")
+        if self.verifier_processes < 0:
+            raise SettingsError(f"verifier_processes = {self.verifier_processes} must be at least 0")
         if self.unknown_domains not in ("dead-letter", "task-type"):
             raise SettingsError(
                 f"unknown_domains = {self.unknown_domains!r}; use 'dead-letter' or 'task-type'"
@@ -177,9 +340,125 @@ class Settings:
                 raise SettingsError(
                     f"{name} = {topic!r} is not a valid Kafka topic name; use letters, digits, '.', '_', '-'"
                 )
+        return self
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            if name == "kafka_client" and isinstance(value, Mapping):
+                value = {k: "***" if _SECRET.search(k) else v for k, v in value.items()}
+            yield name, value
+
+    @property
+    def lake_is_local(self) -> bool:
+        """True when the lake is a directory on this machine, not an object store."""
+        return "://" not in self.lake_uri
+
+    @property
+    def lake_dir(self) -> Path:
+        """The lake as a local directory; for code that reads local paths only (see `lake_table_uri`).
+
+        Raises:
+            SettingsError: the lake is an object-store URI.
+        """
+        if not self.lake_is_local:
+            raise SettingsError(
+                f"lake_uri = {self.lake_uri!r} is an object store and this step reads a local directory "
+                "only; point lake_uri at a local path for it"
+            )
+        return Path(self.lake_uri)
+
+    def lake_table_uri(self, name: str) -> str:
+        """The URI (or absolute local path) of the lake's table `name`, as deltalake and polars take it."""
+        if self.lake_is_local:
+            return str(Path(self.lake_uri) / name)
+        return f"{self.lake_uri}/{name}"
+
+    def delta_storage_options(self) -> dict[str, str] | None:
+        """``storage_options`` as deltalake and polars take it: a plain dict, or None when empty."""
+        return dict(self.storage_options) or None
+
+    def kafka_config(self, ours: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A librdkafka config: ``bootstrap.servers``, the ``kafka_client`` passthrough, then `ours`."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_client, **(ours or {})}
+
+    def node_ports(self) -> list[tuple[int, int]]:
+        """(client port, controller port) of each local Kafka node."""
+        return [(self.kafka_port + 2 * i, self.controller_port + 2 * i) for i in range(self.brokers)]
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes`; values derived from a changed field (lake, bootstrap list) follow it."""
+        kept = {name: getattr(self, name) for name in self.model_fields_set if name not in changes}
+        return type(self)(**kept, **changes)
+
+    def as_env(self) -> dict[str, str]:
+        """Every setting as ``ROLLSTREAM_<FIELD>`` variables, so a child process loads the same values."""
+        env = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            text = json.dumps(dict(value)) if isinstance(value, Mapping) else str(value)
+            env[ENV_PREFIX + name.upper()] = text
+        return env
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
+        """Fold defaults, the config file, ``ROLLSTREAM_*`` variables and overrides (None = not given).
+
+        Mappings (``storage_options``, ``kafka_client``) merge key by key across the layers.
+
+        Raises:
+            SettingsError: a key is unknown, a value has the wrong type or range, or an explicitly
+                named config file does not exist.
+        """
+        layers: list[tuple[str, dict[str, Any]]] = []
+        if config_file is not None:
+            if not Path(config_file).is_file():
+                raise SettingsError(f"config file {config_file} does not exist; create it or drop the option")
+            layers.append((str(config_file), _from_file(Path(config_file))))
+        elif DEFAULT_CONFIG_FILE.is_file():
+            layers.append((str(DEFAULT_CONFIG_FILE), _from_file(DEFAULT_CONFIG_FILE)))
+        layers.append(("environment", _from_env(cls)))
+        given = {key: value for key, value in overrides.items() if value is not None}
+        layers.append(("override", _checked(given, "override")))
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for source, layer in layers:
+            expanded = _single_server(layer)
+            if expanded:  # one address: shorthand for the local broker's host and port, as before
+                layer = {**expanded, **{k: v for k, v in layer.items() if k != BOOTSTRAP_KEY}}
+                values.pop(BOOTSTRAP_KEY, None)
+            for name, value in layer.items():
+                old = values.get(name)
+                if isinstance(old, Mapping) and isinstance(value, Mapping):
+                    value = {**old, **value}
+                values[name] = value
+                sources[name] = source
+        token = _SOURCES.set(sources)
+        try:
+            return cls(**values)
+        finally:
+            _SOURCES.reset(token)
 
 
-_FIELD_TYPES: dict[str, Any] = {f.name: get_type_hints(Settings)[f.name] for f in fields(Settings) if f.init}
+def _known() -> list[str]:
+    return [*Settings.model_fields, *ALIASES]
+
+
+def _checked(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """`raw` with aliases renamed, after refusing names that are not settings."""
+    unknown = sorted(set(raw) - set(_known()))
+    if unknown:
+        raise SettingsError(
+            f"{source}: unknown setting(s) {', '.join(unknown)}; known settings: {', '.join(_known())}"
+        )
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        new = ALIASES.get(name, name)
+        if new != name and new in raw:
+            raise SettingsError(
+                f"{source}: both {name} and {new} are set; {name} is an alias of {new}, keep one"
+            )
+        out[new] = value
+    return out
 
 
 def _from_file(path: Path) -> dict[str, Any]:
@@ -191,62 +470,64 @@ def _from_file(path: Path) -> dict[str, Any]:
     table = data.get("rollstream", data)
     if not isinstance(table, dict):
         raise SettingsError(f"{path}: 'rollstream' must be a table ([rollstream]), got {table!r}")
-    return _coerce_layer(table, source=str(path), base=path.resolve().parent, strict=True)
-
-
-def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Read ``ROLLSTREAM_<FIELD>`` variables; other ``ROLLSTREAM_*`` names belong to scripts and pass."""
-    names = [*_FIELD_TYPES, BOOTSTRAP_KEY]
-    raw = {
-        name: environ[ENV_PREFIX + name.upper()] for name in names if environ.get(ENV_PREFIX + name.upper())
-    }
-    return _coerce_layer(raw, source="environment", base=Path.cwd(), strict=False)
-
-
-def _coerce_layer(raw: Mapping[str, Any], *, source: str, base: Path, strict: bool) -> dict[str, Any]:
-    """Turn one layer's raw values into typed field values; ``bootstrap_servers`` sets host and port."""
-    unknown = sorted(set(raw) - set(_FIELD_TYPES) - {BOOTSTRAP_KEY})
-    if unknown and strict:
-        known = ", ".join([*_FIELD_TYPES, BOOTSTRAP_KEY])
-        raise SettingsError(f"{source}: unknown setting(s) {', '.join(unknown)}; known settings: {known}")
-    values: dict[str, Any] = {}
-    if BOOTSTRAP_KEY in raw:
-        values.update(_split_bootstrap(raw[BOOTSTRAP_KEY], _label(source, BOOTSTRAP_KEY)))
-    for name, value in raw.items():
-        if name in _FIELD_TYPES:
-            values[name] = _coerce(value, _FIELD_TYPES[name], _label(source, name), base)
+    values = _checked(table, str(path))
+    base = path.resolve().parent
+    for name in ("state_dir", "cache_dir", "sandbox_dir", "lake_uri"):
+        value = values.get(name)
+        if (
+            isinstance(value, str)
+            and value
+            and "://" not in value
+            and not Path(value).expanduser().is_absolute()
+        ):
+            values[name] = str(base / value)  # relative to the file, not the working directory
     return values
 
 
-def _label(source: str, name: str) -> str:
-    if source == "environment":
-        return f"environment variable {ENV_PREFIX}{name.upper()}"
-    return f"{source}: {name}"
+def _from_env(settings_cls: type[Settings]) -> dict[str, Any]:
+    """Read ``ROLLSTREAM_<FIELD>`` variables; other ``ROLLSTREAM_*`` names belong to scripts and pass."""
+    source = EnvSettingsSource(
+        settings_cls, env_prefix=ENV_PREFIX, case_sensitive=False, env_ignore_empty=True
+    )
+    try:
+        values = {name: value for name, value in source().items() if value is not None}
+    except SourceError as exc:
+        raise SettingsError(f"environment: {exc}; give mappings as a JSON object") from None
+    for old, new in ALIASES.items():
+        text = os.environ.get(ENV_PREFIX + old.upper())
+        if text and new not in values:
+            values[new] = text
+    return values
 
 
-def _coerce(value: Any, kind: Any, label: str, base: Path) -> Any:
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value)
-        raise SettingsError(f"{label} = {value!r} is not an integer; give a whole number such as 9092")
-    if kind is Path:
-        if not isinstance(value, str | Path) or not str(value):
-            raise SettingsError(f"{label} = {value!r} is not a path; give a directory as a string")
-        path = Path(value).expanduser()
-        return path if path.is_absolute() else (base / path).resolve()
-    if not isinstance(value, str):
-        raise SettingsError(f"{label} = {value!r} is not a string; quote it")
-    return value
-
-
-def _split_bootstrap(value: Any, label: str) -> dict[str, Any]:
-    if not isinstance(value, str) or "," in value or ":" not in value:
-        raise SettingsError(
-            f"{label} = {value!r}: expected one 'host:port' (rollstream runs against one bootstrap address)"
-        )
-    host, _, port = value.strip().rpartition(":")
-    if not host or not port.isdigit():
-        raise SettingsError(f"{label} = {value!r}: expected 'host:port', e.g. 127.0.0.1:9092")
+def _single_server(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``kafka_host`` and ``kafka_port`` when `data` names one bootstrap address, else nothing."""
+    value = data.get(BOOTSTRAP_KEY)
+    try:
+        servers = _as_servers(value).split(",") if value else []
+    except ValueError:
+        return {}  # validation reports it, naming its source
+    if len(servers) != 1:
+        return {}
+    host, _, port = servers[0].rpartition(":")
     return {"kafka_host": host, "kafka_port": int(port)}
+
+
+def _explain(exc: ValidationError, sources: Mapping[str, str]) -> str:
+    """One line per bad value: where it came from, the value, and what to give instead."""
+    lines = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "settings"
+        source = sources.get(name, "setting")
+        label = (
+            f"environment variable {ENV_PREFIX}{name.upper()}"
+            if source == "environment"
+            else f"{source}: {name}"
+        )
+        if error["type"] == "extra_forbidden":
+            known = ", ".join(_known())
+            lines.append(f"{source}: unknown setting(s) {name}; known settings: {known}")
+            continue
+        message = str(error["msg"]).removeprefix("Value error, ")
+        lines.append(f"{label} = {error.get('input')!r} {message}")
+    return "; ".join(lines)

@@ -7,7 +7,6 @@ tests/test_infra_settings_doc.py fails while the committed page is stale.
 from __future__ import annotations
 
 import re
-from dataclasses import fields
 
 from infra.settings import ENV_PREFIX, Settings
 
@@ -42,18 +41,20 @@ def render() -> str:
         "precedence first, from its default, the config file (`./rollstream.toml`, or `--config FILE`;",
         "keys at the top level or under `[rollstream]`), the environment variable",
         f"`{ENV_PREFIX}<NAME>`, then the command line's flags where one exists. Relative paths in the",
-        'file are relative to the file; `bootstrap_servers = "host:port"` sets `kafka_host` and',
-        "`kafka_port` together.",
+        'file are relative to the file. `bootstrap_servers = "host:port"` (one address) sets',
+        "`kafka_host` and `kafka_port` together; several addresses name an external cluster. Tables",
+        "(`storage_options`, `kafka_client`) merge key by key across the layers; in the environment",
+        "they are JSON objects. `lake_dir` is accepted as another name for `lake_uri`.",
         "",
         "| setting | environment variable | type | what it is (and its default) |",
         "| --- | --- | --- | --- |",
     ]
-    for f in fields(Settings):
-        if not f.init:
-            continue
-        kind = getattr(f.type, "__name__", str(f.type))
-        text = docs.get(f.name, "").replace("|", "\\|")
-        lines.append(f"| `{f.name}` | `{ENV_PREFIX}{f.name.upper()}` | {kind} | {text} |")
+    for name, info in Settings.model_fields.items():
+        kind = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
+        if kind == "Mapping":
+            kind = "table of strings"
+        text = docs.get(name, "").replace("|", "\\|")
+        lines.append(f"| `{name}` | `{ENV_PREFIX}{name.upper()}` | {kind} | {text} |")
     return "\n".join(lines) + "\n"
 
 

@@ -120,9 +120,12 @@ def max_message_bytes(specs: Iterable[TopicSpec], floor: int = 1_048_588) -> int
     return max([floor, *(int(spec.config.get("max.message.bytes", floor)) for spec in specs)])
 
 
-def admin_client(bootstrap_servers: str) -> AdminClient:
-    """An AdminClient whose librdkafka chatter (connection refused while a broker starts) stays quiet."""
-    return AdminClient({"bootstrap.servers": bootstrap_servers}, logger=_LIBRDKAFKA_LOG)
+def admin_client(bootstrap_servers: str, config: Mapping[str, Any] | None = None) -> AdminClient:
+    """An AdminClient whose librdkafka chatter (connection refused while a broker starts) stays quiet.
+
+    `config` adds librdkafka settings (security: ``security.protocol``, ``sasl.*``, ``ssl.*``).
+    """
+    return AdminClient({**(config or {}), "bootstrap.servers": bootstrap_servers}, logger=_LIBRDKAFKA_LOG)
 
 
 def provision_topics(

@@ -8,7 +8,7 @@ newest MLflow run's last metrics. Rates are differences between two refreshes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +42,17 @@ class Snapshot:
     error: str | None = None
 
 
-def table_counts(lake_dir: str, names: tuple[str, ...] = LAKE_TABLES) -> dict[str, tuple[int, int]]:
+def table_counts(
+    lake_dir: str, names: tuple[str, ...] = LAKE_TABLES, *, storage_options: Mapping[str, str] | None = None
+) -> dict[str, tuple[int, int]]:
     """Version and row count of each existing table, from the Delta log (no data file is read)."""
     out: dict[str, tuple[int, int]] = {}
+    options = dict(storage_options) if storage_options else None
     for name in names:
         uri = f"{lake_dir.rstrip('/')}/{name}"
-        if not DeltaTable.is_deltatable(uri):
+        if not DeltaTable.is_deltatable(uri, storage_options=options):
             continue
-        table = DeltaTable(uri)
+        table = DeltaTable(uri, storage_options=options)
         actions = table.get_add_actions(flatten=True)
         rows = sum(v for v in actions.column("num_records").to_pylist() if v is not None)
         out[name] = (table.version(), int(rows))
@@ -57,7 +60,10 @@ def table_counts(lake_dir: str, names: tuple[str, ...] = LAKE_TABLES) -> dict[st
 
 
 def group_lag(
-    bootstrap_servers: str, topics: tuple[str, ...], group: str
+    bootstrap_servers: str,
+    topics: tuple[str, ...],
+    group: str,
+    kafka_client: Mapping[str, Any] | None = None,
 ) -> dict[tuple[str, int], tuple[int, int | None]]:
     """End offset and committed offset of `group` for every partition of `topics`.
 
@@ -65,7 +71,7 @@ def group_lag(
     from AdminClient.list_consumer_group_offsets, which crashed the interpreter (SIGSEGV, 3 of 3
     runs, confluent-kafka 2.16.1) on a fresh broker whose offsets topic was not ready yet.
     """
-    admin = admin_client(bootstrap_servers)
+    admin = admin_client(bootstrap_servers, kafka_client)
     metadata = admin.list_topics(timeout=TIMEOUT_S).topics
     partitions = [
         TopicPartition(topic, p) for topic in topics if topic in metadata for p in metadata[topic].partitions
@@ -74,7 +80,12 @@ def group_lag(
         return {}
     ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=TIMEOUT_S)
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap_servers, "group.id": group, "enable.auto.commit": False}
+        {
+            **(kafka_client or {}),
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
     )
     committed: dict[tuple[str, int], int | None] = {}
     try:
@@ -125,17 +136,19 @@ def take_snapshot(
     lake_dir: str,
     tracking_uri: str,
     group: str = DEFAULT_GROUP,
+    storage_options: Mapping[str, str] | None = None,
+    kafka_client: Mapping[str, Any] | None = None,
 ) -> Snapshot:
     """Look at everything once; a part that cannot be read is reported, not raised."""
     snapshot = Snapshot(time.monotonic(), broker)
     errors = []
     if broker.running:
         try:
-            snapshot.lag = group_lag(bootstrap_servers, topics, group)
+            snapshot.lag = group_lag(bootstrap_servers, topics, group, kafka_client)
         except KafkaException as exc:
             errors.append(f"kafka: {exc.args[0] if exc.args else exc}")
     try:
-        snapshot.tables = table_counts(lake_dir)
+        snapshot.tables = table_counts(lake_dir, storage_options=storage_options)
     except Exception as exc:  # a table mid-commit or unreadable: show it, keep watching
         errors.append(f"delta: {exc}")
     try:

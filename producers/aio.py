@@ -17,12 +17,9 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from producers.core import DEFAULT_BUDGET_BYTES, PublisherCore
 from producers.delivery import DeliveryCallback, DeliveryResult, Outgoing
 from producers.lanes import Lane
-from producers.publisher import BUFFER_RETRY_S, DEFAULT_BLOCK_S
-from producers.validation import DomainCheck, TrajectoryValidator
-from schemas import TrajectoryCodec
+from producers.publisher import BUFFER_RETRY_S, BasePublisher
 
 OFFLOAD_BYTES = 1024 * 1024
 # A caller publishing in a tight loop never waits when the budget has room: yield to the loop at
@@ -78,7 +75,7 @@ def _waker(loop: asyncio.AbstractEventLoop, room: asyncio.Event) -> Callable[[],
     return wake
 
 
-class AsyncPublisher:
+class AsyncPublisher(BasePublisher):
     """`Publisher` for coroutines: same arguments, same results, awaited.
 
     ``fut = await pub.publish(record)`` returns once the message is queued (after awaiting room
@@ -87,50 +84,10 @@ class AsyncPublisher:
     Use it inside one event loop; ``async with`` flushes and closes.
     """
 
-    def __init__(
-        self,
-        *,
-        bootstrap_servers: str,
-        topic: str,
-        ultra_topic: str | None = None,
-        lane: Lane | str = Lane.THROUGHPUT,
-        max_in_flight_bytes: int = DEFAULT_BUDGET_BYTES,
-        block_timeout_s: float = DEFAULT_BLOCK_S,
-        known_domains: DomainCheck | None = None,
-        message_limits: Mapping[str, int] | None = None,
-        extra_config: Mapping[str, Any] | None = None,
-        codec: TrajectoryCodec | None = None,
-    ) -> None:
-        self.core = PublisherCore(
-            bootstrap_servers=bootstrap_servers,
-            topic=topic,
-            ultra_topic=ultra_topic,
-            lane=Lane(lane),
-            max_in_flight_bytes=max_in_flight_bytes,
-            message_limits=message_limits,
-            extra_config=extra_config,
-            codec=codec,
-            validator=TrajectoryValidator(known_domains=known_domains),
-        )
-        self.topic = topic
-        self.block_timeout_s = block_timeout_s
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self._yielded = time.monotonic()
         self._settlers: dict[asyncio.AbstractEventLoop, _Settler] = {}
-
-    @property
-    def published(self) -> int:
-        """Messages the broker has acknowledged so far."""
-        return self.core.published
-
-    @property
-    def failed(self) -> int:
-        """Messages whose delivery failed so far (each reported by id)."""
-        return self.core.failed
-
-    @property
-    def pending(self) -> int:
-        """Messages queued but not yet acknowledged or failed."""
-        return self.core.in_flight[0]
 
     async def publish(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from math import log
 
@@ -217,3 +217,21 @@ class SyntheticFleet:
             )
             offset += length
         return records
+
+
+def without_code(records: Iterable[TrajectoryRecord]) -> Iterator[TrajectoryRecord]:
+    """Code samples become precomputed samples with the same rewards (their ``synthetic_score``).
+
+    For tests and benchmarks of groups, offsets and workers, where thousands of sandboxed runs
+    would dominate the time (the sandbox has its own tests and benchmark).
+    """
+    for r in records:
+        if r["task_type"] == "code":
+            r = {
+                **r,
+                "task_type": "precomputed",
+                "domain": "precomputed/chat-000",
+                "unit_tests": None,
+                "precomputed_reward": float(r["metadata"]["synthetic_score"]),
+            }
+        yield r

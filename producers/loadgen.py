@@ -13,7 +13,7 @@ import hashlib
 import multiprocessing as mp
 import queue
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
@@ -56,6 +56,7 @@ class LoadSpec:
         profile_path: the inference workload profile lengths are drawn from; None the shipped one.
         lane: the publishers' lane.
         max_in_flight_bytes: each worker's publisher budget.
+        extra_config: librdkafka settings for every publisher (security: SASL, TLS).
     """
 
     bootstrap_servers: str
@@ -72,6 +73,7 @@ class LoadSpec:
     profile_path: Path | None = None
     lane: str = Lane.THROUGHPUT.value
     max_in_flight_bytes: int = 64 * 1024 * 1024
+    extra_config: Mapping[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
         """Raise FleetConfigError on an impossible value, naming it."""
@@ -190,6 +192,7 @@ def _work(spec: LoadSpec, index: int, sent: Synchronized, results: mp.Queue) -> 
             lane=spec.lane,
             max_in_flight_bytes=spec.max_in_flight_bytes,
             known_domains={d.name for d in fleet.domains},
+            extra_config=spec.extra_config,
         ) as publisher:
             for i in range(count):
                 if per_s is not None and (ahead := start + i / per_s - time.monotonic()) > 0:

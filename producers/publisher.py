@@ -22,29 +22,10 @@ DEFAULT_BLOCK_S = 30.0
 BUFFER_RETRY_S = 0.005
 
 
-class Publisher:
-    """Publishes trajectories to one topic (the too-long ones to `ultra_topic`), keyed by group_id.
+class BasePublisher:
+    """What the sync and asyncio publishers share: the core, its settings and its counters.
 
-    Each `publish` validates and encodes at the call site (raising `InvalidTrajectoryError` or
-    `RecordTooLargeError` there), waits up to `block_timeout_s` for room in the in-flight byte
-    budget (then raises `BackpressureError` naming the unsent trajectory), and returns a future
-    that resolves to its `DeliveryResult` or raises its `DeliveryError`. Nothing is dropped: a
-    message ends acknowledged or failed by id. `flush` and `close` (and leaving a ``with``
-    block) wait for every result and raise one `PublishError` naming what failed since the last
-    flush. Thread-safe.
-
-    Args:
-        bootstrap_servers: the Kafka brokers, ``host:port[,host:port...]``.
-        topic: where trajectories go.
-        ultra_topic: where trajectories too long for `topic` go (e.g. 'rollouts.ultra'); None
-            refuses them with RecordTooLargeError.
-        lane: the default lane (`Lane.THROUGHPUT` or `Lane.LATENCY`); `publish` may override it.
-        max_in_flight_bytes: the byte budget of messages awaiting the broker.
-        block_timeout_s: how long `publish` waits for budget before BackpressureError.
-        known_domains: domain names (or a predicate) to accept; None accepts any domain.
-        message_limits: per-topic message limits for topics not declared in infra/topics.toml.
-        extra_config: librdkafka options applied last to every lane's client.
-        codec: encodes records; default the shipped trajectory schema.
+    Args: as `Publisher`.
     """
 
     def __init__(
@@ -90,6 +71,32 @@ class Publisher:
     def pending(self) -> int:
         """Messages queued but not yet acknowledged or failed."""
         return self.core.in_flight[0]
+
+
+class Publisher(BasePublisher):
+    """Publishes trajectories to one topic (the too-long ones to `ultra_topic`), keyed by group_id.
+
+    Each `publish` validates and encodes at the call site (raising `InvalidTrajectoryError` or
+    `RecordTooLargeError` there), waits up to `block_timeout_s` for room in the in-flight byte
+    budget (then raises `BackpressureError` naming the unsent trajectory), and returns a future
+    that resolves to its `DeliveryResult` or raises its `DeliveryError`. Nothing is dropped: a
+    message ends acknowledged or failed by id. `flush` and `close` (and leaving a ``with``
+    block) wait for every result and raise one `PublishError` naming what failed since the last
+    flush. Thread-safe.
+
+    Args:
+        bootstrap_servers: the Kafka brokers, ``host:port[,host:port...]``.
+        topic: where trajectories go.
+        ultra_topic: where trajectories too long for `topic` go (e.g. 'rollouts.ultra'); None
+            refuses them with RecordTooLargeError.
+        lane: the default lane (`Lane.THROUGHPUT` or `Lane.LATENCY`); `publish` may override it.
+        max_in_flight_bytes: the byte budget of messages awaiting the broker.
+        block_timeout_s: how long `publish` waits for budget before BackpressureError.
+        known_domains: domain names (or a predicate) to accept; None accepts any domain.
+        message_limits: per-topic message limits for topics not declared in infra/topics.toml.
+        extra_config: librdkafka options applied last to every lane's client.
+        codec: encodes records; default the shipped trajectory schema.
+    """
 
     def publish(
         self,

@@ -6,7 +6,9 @@ read when the new one is absent). `append` keeps the dead_letters semantics: the
 highest offset appended, a batch keeps only messages above it, so a replay writes nothing twice; a
 concurrent writer that committed the same app id first makes our commit fail (delta-rs checks txn
 conflicts) and we reload and filter again. `commit` is the trajectories table's: the caller decides
-the rows and the versions from its own state (state.py) and writes that state in the same commit.
+the rows and the versions from its own state (state.py) and writes that state in the same commit,
+fenced by the versions it expects per partition, so several workers of one app id (one consumer
+group) append to one table side by side and a zombie that lost its partitions cannot write them.
 """
 
 from __future__ import annotations
@@ -135,49 +137,62 @@ class TxnTable:
         versions: Mapping[TopicPartition, int],
         metadata: Mapping[str, str],
         *,
-        expected_version: int | None,
+        expected: Mapping[TopicPartition, int] | None,
     ) -> int:
         """Append `data` with txn `versions` and custom `metadata` in one commit; returns the table version.
 
-        `expected_version` is the table version of our previous commit (None: not known, e.g. the
-        first commit of this process); a newer commit by the same app id in between means another
-        worker writes our partitions, and the commit is refused instead of retried.
+        `expected` fences the commit: per partition, the txn version this writer last read or
+        wrote (-1: none). If the table holds another version for one of them, another worker wrote
+        our partitions (a zombie after a rebalance) and the commit is refused with
+        ConcurrentWriterError. A commit that conflicts with a concurrent writer of other partitions
+        (delta-rs raises CommitFailedError) is retried on the newest version, fence checked again.
+        None (no fence) is for one-off commits such as `offsets reset`.
         """
-        table = self.refresh()
-        if table is not None and expected_version is not None and table.version() != expected_version:
-            for entry in table.history(limit=table.version() - expected_version):
-                if entry.get("version", -1) > expected_version and any(
-                    json.loads(v).get("app_id") == self.app_id
-                    for k, v in entry.items()
-                    if k == "rollstream.state" and isinstance(v, str)
-                ):
-                    raise ConcurrentWriterError(
-                        f"{self.uri}: version {entry['version']} was committed by another worker with app id "
-                        f"{self.app_id!r}; stop all but one worker per app id and restart"
-                    )
-        now_ms = int(time.time() * 1000)
-        txns = [
-            Transaction(txn_app_id(self.app_id, t, p), v, now_ms) for (t, p), v in sorted(versions.items())
-        ]
-        try:
-            write_deltalake(
-                table if table is not None else self.uri,
-                data,
-                mode="append",
-                partition_by=self.partition_by,
-                storage_options=self.storage_options,
-                writer_properties=self._writer_properties,
-                commit_properties=CommitProperties(app_transactions=txns, custom_metadata=dict(metadata)),
-            )
-        except CommitFailedError as exc:
-            raise ConcurrentWriterError(
-                f"{self.uri}: a concurrent commit touched our offsets ({exc}); one worker per app id"
-            ) from exc
-        except (DeltaError, OSError) as exc:
-            raise SinkError(f"appending {data.num_rows} rows to {self.uri} failed: {exc}") from exc
-        written = self.refresh()
-        assert written is not None
-        return written.version()
+        attempt = 0
+        while True:
+            table = self.refresh()
+            if expected:
+                self._check_fence(table, expected)
+            now_ms = int(time.time() * 1000)
+            txns = [
+                Transaction(txn_app_id(self.app_id, t, p), v, now_ms)
+                for (t, p), v in sorted(versions.items())
+            ]
+            try:
+                write_deltalake(
+                    table if table is not None else self.uri,
+                    data,
+                    mode="append",
+                    partition_by=self.partition_by,
+                    storage_options=self.storage_options,
+                    writer_properties=self._writer_properties,
+                    commit_properties=CommitProperties(app_transactions=txns, custom_metadata=dict(metadata)),
+                )
+            except CommitFailedError as exc:
+                attempt += 1
+                if attempt > self.commit_retries:
+                    raise SinkError(
+                        f"{self.uri}: commit kept conflicting with concurrent writers ({exc}); "
+                        "raise commit_retries or write less often"
+                    ) from exc
+                log.warning("%s: concurrent commit (%s); reloading and retrying", self.uri, exc)
+                continue
+            except (DeltaError, OSError) as exc:
+                raise SinkError(f"appending {data.num_rows} rows to {self.uri} failed: {exc}") from exc
+            written = self.refresh()
+            assert written is not None
+            return written.version()
+
+    def _check_fence(self, table: DeltaTable | None, expected: Mapping[TopicPartition, int]) -> None:
+        for (topic, partition), want in sorted(expected.items()):
+            stored = self.version_of(table, topic, partition)
+            stored = -1 if stored is None else stored
+            if stored != want:
+                raise ConcurrentWriterError(
+                    f"{self.uri}: {topic}[{partition}] has stored offset {stored}, but this worker last "
+                    f"read or wrote {want} (app id {self.app_id!r}): another worker writes this partition. "
+                    "Kafka gave it to that worker; this one stops, and a restart resumes from Delta"
+                )
 
     def append(self, coordinates: Sequence[Coordinates], build: Callable[[list[int]], pa.Table]) -> int:
         """Append the rows whose offsets are new; returns how many were written.

@@ -6,8 +6,8 @@ with auto.create.topics.enable create it with default settings.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -23,11 +23,24 @@ class OffsetStore(Protocol):
         ...
 
 
+KafkaClient = Mapping[str, Any] | None
+"""librdkafka settings added to every client (``settings.kafka_client``: security, SASL, TLS)."""
+
+
+def admin(bootstrap_servers: str, kafka_client: KafkaClient = None) -> AdminClient:
+    """An AdminClient for `bootstrap_servers` with the `kafka_client` passthrough."""
+    return AdminClient({**(kafka_client or {}), "bootstrap.servers": bootstrap_servers})
+
+
 def topic_partitions(
-    bootstrap_servers: str, topics: Iterable[str], *, timeout_s: float = 15.0
+    bootstrap_servers: str,
+    topics: Iterable[str],
+    *,
+    timeout_s: float = 15.0,
+    kafka_client: KafkaClient = None,
 ) -> dict[str, int]:
     """How many partitions each topic has; raises StreamProcessorError naming any that is missing."""
-    metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=timeout_s)
+    metadata = admin(bootstrap_servers, kafka_client).list_topics(timeout=timeout_s)
     out: dict[str, int] = {}
     for topic in topics:
         found = metadata.topics.get(topic)
@@ -42,20 +55,26 @@ def topic_partitions(
     return out
 
 
-def topic_partition_count(bootstrap_servers: str, topic: str, *, timeout_s: float = 15.0) -> int:
+def topic_partition_count(
+    bootstrap_servers: str, topic: str, *, timeout_s: float = 15.0, kafka_client: KafkaClient = None
+) -> int:
     """How many partitions `topic` has, from broker metadata; raises if the topic does not exist."""
-    return topic_partitions(bootstrap_servers, [topic], timeout_s=timeout_s)[topic]
+    return topic_partitions(bootstrap_servers, [topic], timeout_s=timeout_s, kafka_client=kafka_client)[topic]
 
 
 def high_watermarks(
-    bootstrap_servers: str, topics: Iterable[str], *, timeout_s: float = 15.0
+    bootstrap_servers: str,
+    topics: Iterable[str],
+    *,
+    timeout_s: float = 15.0,
+    kafka_client: KafkaClient = None,
 ) -> dict[tuple[str, int], int]:
     """The offset the next message of each partition of `topics` will get."""
-    counts = topic_partitions(bootstrap_servers, topics, timeout_s=timeout_s)
+    counts = topic_partitions(bootstrap_servers, topics, timeout_s=timeout_s, kafka_client=kafka_client)
     request = {TopicPartition(t, p): OffsetSpec.latest() for t, n in counts.items() for p in range(n)}
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    client = admin(bootstrap_servers, kafka_client)
     try:
-        futures = admin.list_offsets(request, request_timeout=timeout_s)
+        futures = client.list_offsets(request, request_timeout=timeout_s)
         return {(tp.topic, tp.partition): f.result(timeout=timeout_s).offset for tp, f in futures.items()}
     except KafkaException as exc:
         raise StreamProcessorError(
@@ -64,12 +83,18 @@ def high_watermarks(
         ) from exc
 
 
-def topic_ids(bootstrap_servers: str, topics: Iterable[str], *, timeout_s: float = 15.0) -> dict[str, str]:
+def topic_ids(
+    bootstrap_servers: str,
+    topics: Iterable[str],
+    *,
+    timeout_s: float = 15.0,
+    kafka_client: KafkaClient = None,
+) -> dict[str, str]:
     """Kafka's id (a UUID, new with every creation) of each topic."""
     names = list(topics)
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    client = admin(bootstrap_servers, kafka_client)
     try:
-        futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout_s)
+        futures = client.describe_topics(TopicCollection(names), request_timeout=timeout_s)
         return {name: str(f.result(timeout=timeout_s).topic_id) for name, f in futures.items()}
     except KafkaException as exc:
         raise StreamProcessorError(
@@ -78,7 +103,11 @@ def topic_ids(bootstrap_servers: str, topics: Iterable[str], *, timeout_s: float
 
 
 def check_stored_offsets(
-    bootstrap_servers: str, topics: Sequence[str], stores: Iterable[tuple[str, OffsetStore]]
+    bootstrap_servers: str,
+    topics: Sequence[str],
+    stores: Iterable[tuple[str, OffsetStore]],
+    *,
+    kafka_client: KafkaClient = None,
 ) -> None:
     """Refuse to start when a table holds an offset the topic has not reached.
 
@@ -89,8 +118,9 @@ def check_stored_offsets(
         bootstrap_servers: Kafka "host:port[,host:port]".
         topics: the topics the worker consumes.
         stores: (table name, table) pairs whose stored offsets are compared.
+        kafka_client: librdkafka settings added to the admin client (security).
     """
-    ends = high_watermarks(bootstrap_servers, topics)
+    ends = high_watermarks(bootstrap_servers, topics, kafka_client=kafka_client)
     for name, store in stores:
         for (topic, partition), end in sorted(ends.items()):
             stored = store.stored_offset(topic, partition)

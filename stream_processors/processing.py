@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas import DecodeError, TrajectoryCodec
 from schemas.profile import WorkloadProfile, load_profile
@@ -33,6 +33,9 @@ from stream_processors.sandbox import SandboxHostError, SandboxPool, SandboxUnav
 from stream_processors.validation import TokenArrays, validate
 from stream_processors.verifiers import Verdict, Verifier, VerifierRegistry
 from stream_processors.verifiers.domains import DomainVerifiers
+
+if TYPE_CHECKING:
+    from stream_processors.verifier_pool import VerifierPool
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,22 @@ class JudgedBatch:
     skipped: int = 0
     seconds: float = 0.0
 
+    def only(self, keep: Callable[[Coordinates], bool]) -> JudgedBatch:
+        """This batch without the messages `keep` rejects (those of a partition revoked meanwhile)."""
+        executions = [
+            (e, c) for e, c in zip(self.executions, self.execution_coordinates, strict=True) if keep(c)
+        ]
+        return JudgedBatch(
+            coordinates=[c for c in self.coordinates if keep(c)],
+            samples=[s for s in self.samples if keep(s.coordinates)],
+            sources=[m for m in self.sources if keep(m.coordinates)],
+            dead_letters=[d for d in self.dead_letters if keep(d.coordinates)],
+            executions=[e for e, _ in executions],
+            execution_coordinates=[c for _, c in executions],
+            skipped=self.skipped,
+            seconds=self.seconds,
+        )
+
 
 @dataclass(slots=True)
 class ProcessedBatch:
@@ -82,6 +101,8 @@ class BatchProcessor:
         verifiers: domain -> verifier (`DomainVerifiers`, default from the shipped registry); a
             task-type `VerifierRegistry` overrides the registry's choice for its task types.
         pool_size: judgements run at once (sandboxes); default 2.
+        verifier_pool: spawned processes for the CPU-heavy verifiers (math, extraction); None
+            judges them in the calling thread.
         transient_retries: retries of a judgement the host broke before TransientScoringError.
         retry_backoff_s: the first retry's delay, doubled each time.
         profile: the inference workload profile that names each row's bucket; default the shipped one.
@@ -94,6 +115,7 @@ class BatchProcessor:
         verifiers: DomainVerifiers | VerifierRegistry | None = None,
         profile: WorkloadProfile | None = None,
         pool_size: int = 2,
+        verifier_pool: VerifierPool | None = None,
         transient_retries: int = 3,
         retry_backoff_s: float = 0.5,
     ) -> None:
@@ -103,6 +125,7 @@ class BatchProcessor:
         self.verifiers = verifiers if verifiers is not None else DomainVerifiers()
         self.profile = profile if profile is not None else load_profile()
         self.pool = SandboxPool(pool_size)
+        self.verifier_pool = verifier_pool
         self.transient_retries = transient_retries
         self.retry_backoff_s = retry_backoff_s
 
@@ -131,7 +154,7 @@ class BatchProcessor:
             except Exception as exc:  # a function of the bytes: a replay repeats it
                 log.warning("unexpected %s at %s: %s", type(exc).__name__, message.coordinates, exc)
                 out.dead_letters.append(self._letter(message, exc))
-        verdicts = self.pool.map(lambda item: self._judge(item[1]), decoded)
+        verdicts = self._judge_all([record for _, record, _ in decoded])
         for (message, record, tokens), verdict in zip(decoded, verdicts, strict=True):
             if isinstance(verdict, InvalidRecordError):
                 out.dead_letters.append(self._letter(message, verdict))
@@ -187,6 +210,21 @@ class BatchProcessor:
             )
             out.coordinates.append(sample.coordinates)
         return out
+
+    def _judge_all(self, records: list[dict[str, Any]]) -> list[Verdict | InvalidRecordError]:
+        """Verdicts in order: CPU-heavy verifiers in the process pool, the rest on the sandbox pool."""
+        pool = self.verifier_pool
+        heavy = [i for i, r in enumerate(records) if pool is not None and pool.takes(r)]
+        futures = pool.submit([records[i] for i in heavy]) if pool is not None else []
+        chosen = set(heavy)
+        rest = [i for i in range(len(records)) if i not in chosen]
+        out: list[Verdict | InvalidRecordError | None] = [None] * len(records)
+        for i, verdict in zip(rest, self.pool.map(lambda i: self._judge(records[i]), rest), strict=True):
+            out[i] = verdict
+        if pool is not None:
+            for i, found in zip(heavy, pool.collect(futures, len(heavy)), strict=True):
+                out[i] = found if found is not None else self._judge(records[i])
+        return [v for v in out if v is not None]
 
     def _decode(self, message: SourceMessage) -> tuple[dict[str, Any], TokenArrays]:
         if message.value is None:

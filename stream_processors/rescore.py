@@ -9,7 +9,7 @@ at those coordinates: re-scoring reaches as far back as the topics' retention.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,11 @@ RESCORES_TABLE = "rescores"
 
 
 def fetch_messages(
-    bootstrap_servers: str, coordinates: list[tuple[str, int, int]], timeout_s: float = 30.0
+    bootstrap_servers: str,
+    coordinates: list[tuple[str, int, int]],
+    timeout_s: float = 30.0,
+    *,
+    kafka_client: Mapping[str, Any] | None = None,
 ) -> dict[tuple[str, int, int], bytes]:
     """The values at the given (topic, partition, offset)s, read partition by partition."""
     wanted: dict[tuple[str, int], set[int]] = {}
@@ -38,6 +42,7 @@ def fetch_messages(
         wanted.setdefault((topic, partition), set()).add(offset)
     consumer = Consumer(
         {
+            **(kafka_client or {}),
             "bootstrap.servers": bootstrap_servers,
             "group.id": f"rollstream-rescore-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
@@ -72,9 +77,11 @@ def rescore(
     verifier_version: str,
     verifiers: DomainVerifiers,
     bootstrap_servers: str,
+    kafka_client: Mapping[str, Any] | None = None,
     table_version: int | None = None,
     pool_size: int = 2,
     progress: Callable[[str], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Judge `domain`'s rows of the trajectories table (at `table_version`) with `verifier_version`.
 
@@ -82,12 +89,15 @@ def rescore(
     source table version and the rescore id written with every row.
     """
     say = progress or (lambda _: None)
+    options = dict(storage_options) if storage_options else None
     source = table_uri(lake_dir, "trajectories")
-    version = table_version if table_version is not None else DeltaTable(source).version()
+    version = (
+        table_version if table_version is not None else DeltaTable(source, storage_options=options).version()
+    )
     spec = verifiers.domains[domain]
     verifier = verifiers.build(spec, verifier_version)
     rows = (
-        pl.read_delta(source, version=version)
+        pl.read_delta(source, version=version, storage_options=options)
         .filter(pl.col("domain") == domain)
         .select(
             "trajectory_id",
@@ -104,7 +114,7 @@ def rescore(
         f"rescoring {rows.height} rows of {domain} (table version {version}) with {verifier.name} {verifier_version}"
     )
     coords = [(t, p, o) for t, p, o in rows.select("topic", "partition", "offset").iter_rows()]
-    raw = fetch_messages(bootstrap_servers, coords)
+    raw = fetch_messages(bootstrap_servers, coords, kafka_client=kafka_client)
     missing = [c for c in coords if c not in raw]
     if missing:
         raise StreamProcessorError(
@@ -151,7 +161,7 @@ def rescore(
         schema=RESCORES_SCHEMA,
     )
     if table.num_rows:
-        write_deltalake(table_uri(lake_dir, RESCORES_TABLE), table, mode="append")
+        write_deltalake(table_uri(lake_dir, RESCORES_TABLE), table, mode="append", storage_options=options)
     changed = sum(
         1
         for a, b in zip(table["old_reward"].to_pylist(), table["new_reward"].to_pylist(), strict=True)

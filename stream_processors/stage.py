@@ -128,6 +128,7 @@ class Stage:
         self._outbox_coords: list[Coordinates] = []
         self._outbox_bytes = 0
         self._outbox_since: float | None = None
+        self._revoked: set[TopicPartition] = set()
         self._lock = threading.Lock()
 
     # -- startup ---------------------------------------------------------------------------------
@@ -170,10 +171,15 @@ class Stage:
         with self._lock:
             start = time.perf_counter()
             now = time.monotonic() if now is None else now
-            # A partition assigned again after a revocation: read its state back first.
-            unknown = {(c.topic, c.partition) for c in batch.coordinates} - set(self.state.partitions)
-            if unknown:
-                self.state.load(self.sink.table, unknown)
+            if self._revoked:
+                batch = _without(batch, self._revoked)
+            # A partition first seen since start or since its assignment: read its newest state,
+            # since another worker of the group may have written it after our start-up load.
+            fresh = {(c.topic, c.partition) for c in batch.coordinates} - set(self._seen)
+            if fresh:
+                self.state.drop(fresh)
+                self.state.load(self.sink.table, fresh)
+                self.recent.drop(fresh)
             for tp in {(c.topic, c.partition) for c in batch.coordinates}:
                 if tp not in self.recent:
                     self.recent.load(self.sink.table, tp, self.state.partition(tp).next)
@@ -227,16 +233,32 @@ class Stage:
             return self._commit()
 
     def revoke(self, partitions: Iterable[TopicPartition]) -> None:
-        """Forget revoked partitions: their pending groups (not acked, so replayed by the new owner)."""
+        """Forget revoked partitions: their pending groups (not acked, so replayed by the new owner).
+
+        Until `assign` gives a partition back, batches of it judged before the revocation are
+        dropped by `accept`: its new owner may already be writing it.
+        """
         with self._lock:
             self._commit()
             gone = set(partitions)
+            self._revoked |= gone
             self.groups.drop(gone)
             self._pending = {c for c in self._pending if (c.topic, c.partition) not in gone}
             for tp in gone:
                 self._seen.pop(tp, None)
             self.state.drop(gone)
             self.recent.drop(gone)
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Partitions (re)assigned to this worker: their batches are accepted again."""
+        with self._lock:
+            self._revoked -= set(partitions)
+
+    @property
+    def revoked(self) -> frozenset[TopicPartition]:
+        """Partitions revoked and not assigned again."""
+        with self._lock:
+            return frozenset(self._revoked)
 
     def safe_offsets(self) -> dict[TopicPartition, int]:
         """Per partition, the offset below which every message is stored (a row or a dead letter)."""
@@ -373,10 +395,10 @@ class Stage:
         )
         metadata = candidate.metadata(self.sink.profile_id)
 
+        expected = {tp: self.state.partitions[tp].next - 1 for tp in states}
+
         def write() -> int:
-            return self.sink.table.commit(
-                data, candidate.versions(), metadata, expected_version=self.state.last_version
-            )
+            return self.sink.table.commit(data, candidate.versions(), metadata, expected=expected)
 
         version = self._retrying("trajectories", write)
         self.state.partitions.update(states)
@@ -398,3 +420,26 @@ class Stage:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
         raise AssertionError("unreachable")
+
+
+def _without(batch: JudgedBatch, revoked: set[TopicPartition]) -> JudgedBatch:
+    """`batch` without what came from `revoked` partitions (judged before their revocation)."""
+
+    def kept(c: Coordinates) -> bool:
+        return (c.topic, c.partition) not in revoked
+
+    executions = [
+        (e, c) for e, c in zip(batch.executions, batch.execution_coordinates, strict=True) if kept(c)
+    ]
+    dropped = sum(1 for c in batch.coordinates if not kept(c))
+    if dropped:
+        log.info("dropping %d messages of revoked partitions judged before the revocation", dropped)
+    return dataclasses.replace(
+        batch,
+        coordinates=[c for c in batch.coordinates if kept(c)],
+        samples=[s for s in batch.samples if kept(s.coordinates)],
+        sources=[m for m in batch.sources if kept(m.coordinates)],
+        dead_letters=[d for d in batch.dead_letters if kept(d.coordinates)],
+        executions=[e for e, _ in executions],
+        execution_coordinates=[c for _, c in executions],
+    )

@@ -238,9 +238,9 @@ def reset_topic(
     state.topic_ids[topic] = topic_id
     versions = {(topic, p): -1 for p in range(partitions)}
     version = table.commit(
-        TRAJECTORIES_SCHEMA.empty_table(), versions, state.metadata(profile_id), expected_version=None
+        TRAJECTORIES_SCHEMA.empty_table(), versions, state.metadata(profile_id), expected=None
     )
-    dead_letters.commit(DEAD_LETTERS_SCHEMA.empty_table(), versions, {}, expected_version=None)
+    dead_letters.commit(DEAD_LETTERS_SCHEMA.empty_table(), versions, {}, expected=None)
     if executions is not None and executions.refresh() is not None:
-        executions.commit(EXECUTIONS_SCHEMA.empty_table(), versions, {}, expected_version=None)
+        executions.commit(EXECUTIONS_SCHEMA.empty_table(), versions, {}, expected=None)
     return version

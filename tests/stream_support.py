@@ -67,7 +67,7 @@ def publish(
 
 def start_worker(
     bootstrap_servers: str,
-    lake: Path,
+    lake: Path | str,
     raw: str,
     dlq: str,
     app_id: str,
@@ -77,6 +77,7 @@ def start_worker(
     ultra: str | None = None,
     write_retries: int | None = None,
     extra: list[str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen:
     """`rollstream process` as a subprocess; its state (Faust's data dir) lands beside the log."""
     args = [
@@ -88,7 +89,7 @@ def start_worker(
     if write_retries is not None:
         args += ["--write-retries", str(write_retries)]
     args += extra or []
-    env = {
+    variables = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "ROLLSTREAM_BOOTSTRAP_SERVERS": bootstrap_servers,
@@ -97,8 +98,11 @@ def start_worker(
         "ROLLSTREAM_RAW_TOPIC": raw,
         "ROLLSTREAM_DLQ_TOPIC": dlq,
         **({"ROLLSTREAM_ULTRA_TOPIC": ultra} if ultra is not None else {}),
+        **(env or {}),
     }
-    return subprocess.Popen(args, cwd=log.parent, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        args, cwd=log.parent, env=variables, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
 
 
 def wait_for_exit(proc: subprocess.Popen, log: Path, timeout: float) -> tuple[int, str]:

@@ -1,7 +1,11 @@
-"""A 3-node KRaft cluster on loopback: replicated topics, and one node SIGKILLed while publishing.
+"""A 3-node KRaft cluster on loopback: replicated topics, and one node SIGKILLed while publishing
+and processing.
 
-Counted by reading the topic back: every trajectory arrives exactly once (idempotent acks=all
-producer; replication 3 with min.insync.replicas 2 keeps accepting writes with one node gone).
+A `rollstream process` worker consumes while 20,000 trajectories are published; a node is
+SIGKILLed a quarter of the way in. Counted by reading the topic back and from Delta: every
+trajectory arrives exactly once and becomes exactly one row (idempotent acks=all producer;
+replication 3 with min.insync.replicas 2 keeps accepting writes with one node gone; the worker's
+fetches and offset commits move to the new leaders and coordinator).
 """
 
 from __future__ import annotations
@@ -12,16 +16,18 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import polars as pl
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
+from stream_support import start_worker, stop_worker, table_rows, wait_for
 
 from infra import services
 from infra.broker import broker_statuses
 from infra.processes import is_alive
 from infra.settings import Settings
 from infra.topics import admin_client
-from producers.fleet import SyntheticFleet
+from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
 
 pytestmark = pytest.mark.timeout(600)
@@ -59,7 +65,7 @@ def cluster(tmp_path: Path) -> Iterator[Settings]:
         services.down(settings)
 
 
-def test_cluster_replicates_and_survives_a_killed_node(cluster: Settings):
+def test_cluster_replicates_and_survives_a_killed_node(cluster: Settings, tmp_path: Path):
     nodes = broker_statuses(cluster)
     assert len(nodes) == 3 and all(n.running for n in nodes)
     admin = admin_client(cluster.bootstrap_servers)
@@ -90,9 +96,15 @@ def test_cluster_replicates_and_survives_a_killed_node(cluster: Settings):
         else:
             delivered += 1
 
+    lake, log = tmp_path / "lake", tmp_path / "worker" / "worker.log"
+    log.parent.mkdir()
+    worker = start_worker(
+        cluster.bootstrap_servers, lake, cluster.raw_topic, cluster.dlq_topic, "cluster", "cluster", log
+    )
     victim = nodes[1]
     sent_ids = set()
-    for i, record in enumerate(SyntheticFleet(seed=11, group_size=8).trajectories(TRAJECTORIES)):
+    fleet = SyntheticFleet(seed=11, group_size=8).trajectories(TRAJECTORIES)
+    for i, record in enumerate(without_code(fleet)):
         if i == TRAJECTORIES // 4:
             assert victim.pid is not None
             os.kill(victim.pid, signal.SIGKILL)
@@ -131,6 +143,14 @@ def test_cluster_replicates_and_survives_a_killed_node(cluster: Settings):
             seen.append(codec.decode(message.value())["trajectory_id"])
     consumer.close()
     assert len(seen) == TRAJECTORIES and set(seen) == sent_ids  # none lost, none doubled
+
+    try:
+        wait_for(lambda: table_rows(lake / "trajectories") >= TRAJECTORIES, 300, worker, log, "every row")
+    finally:
+        code = stop_worker(worker, log) if worker.poll() is None else worker.returncode
+    assert code == 0, log.read_text()[-3000:]
+    ids = pl.read_delta(str(lake / "trajectories"), columns=["trajectory_id"])["trajectory_id"]
+    assert ids.len() == TRAJECTORIES and set(ids) == sent_ids  # in Delta too: none lost, none doubled
 
     services.down(cluster)
     assert not any(is_alive(n.pid) for n in nodes if n.pid is not None)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from infra.broker import render_properties
 from infra.exceptions import SettingsError
@@ -36,8 +37,13 @@ def test_defaults_are_absolute_and_derived_from_state_dir(tmp_path: Path) -> Non
         "rollouts.ultra",
         "rollouts.dlq",
     )
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         settings.kafka_port = 1  # type: ignore[misc]
+    assert settings.lake_uri == str(settings.lake_dir) and settings.lake_is_local
+    assert settings.storage_options == {} and settings.kafka_client == {}
+    assert settings.replace(brokers=3).bootstrap_servers == "127.0.0.1:9092,127.0.0.1:9094,127.0.0.1:9096"
+    moved = settings.replace(state_dir=tmp_path / "elsewhere")
+    assert moved.lake_dir == tmp_path / "elsewhere" / "lake"  # derived values follow the change
 
 
 def test_file_then_env_then_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +95,10 @@ def test_unknown_key_in_file_is_an_error_naming_it(tmp_path: Path) -> None:
         ("ROLLSTREAM_KAFKA_PORT", "nine", r"ROLLSTREAM_KAFKA_PORT = 'nine' is not an integer"),
         ("ROLLSTREAM_KAFKA_PORT", "70000", r"kafka_port = 70000 is out of range"),
         ("ROLLSTREAM_KAFKA_HEAP", "lots", r"kafka_heap = 'lots' is not a JVM size"),
-        ("ROLLSTREAM_BOOTSTRAP_SERVERS", "a:1,b:2", r"expected one 'host:port'"),
+        ("ROLLSTREAM_BOOTSTRAP_SERVERS", "a:1,b", r"BOOTSTRAP_SERVERS = 'a:1,b' has 'b', not 'host:port'"),
+        ("ROLLSTREAM_LAKE_URI", "ftp://x/lake", r"LAKE_URI = 'ftp://x/lake' has the scheme 'ftp'"),
+        ("ROLLSTREAM_KAFKA_CLIENT", "security.protocol=SSL", r"give mappings as a JSON object"),
+        ("ROLLSTREAM_KAFKA_CLIENT", '{"group.id": "x"}', r"sets group.id, which rollstream manages"),
         ("ROLLSTREAM_RAW_TOPIC", "bad topic", r"raw_topic = 'bad topic' is not a valid Kafka topic name"),
         ("ROLLSTREAM_CONTROLLER_PORT", "9092", r"ports must differ"),
     ],
@@ -122,7 +131,7 @@ def test_topics_follow_settings_and_size_the_broker() -> None:
         "ultra": "t.ultra",
         "dlq": "t.dlq",
     }
-    assert (specs["raw"].partitions, specs["ultra"].partitions, specs["dlq"].partitions) == (4, 2, 1)
+    assert (specs["raw"].partitions, specs["ultra"].partitions, specs["dlq"].partitions) == (4, 4, 1)
     assert specs["raw"].config["retention.ms"] == str(7 * 24 * 3600 * 1000)
     assert specs["dlq"].config["retention.ms"] == str(30 * 24 * 3600 * 1000)
     assert specs["raw"].config["max.message.bytes"] == str(4 * 1024 * 1024)
@@ -133,3 +142,64 @@ def test_topics_follow_settings_and_size_the_broker() -> None:
     assert "listeners=PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:9093\n" in properties
     assert "controller.quorum.voters=1@127.0.0.1:9093\n" in properties
     assert f"log.dirs={settings.state_dir}/kafka/data\n" in properties
+
+
+def test_cluster_fields_from_file_env_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several bootstrap servers, the lake as a URI with storage options, Kafka client passthrough."""
+    (tmp_path / "rollstream.toml").write_text(
+        "[rollstream]\n"
+        'bootstrap_servers = ["k1.example:9092", "k2.example:9092"]\n'
+        'lake_uri = "s3://bucket/lake/"\n'
+        "[rollstream.storage_options]\n"
+        'AWS_ENDPOINT_URL = "http://127.0.0.1:9000"\naws_conditional_put = "etag"\naws_allow_http = true\n'
+        "[rollstream.kafka_client]\n"
+        '"security.protocol" = "SASL_SSL"\n"sasl.mechanism" = "PLAIN"\n"sasl.password" = "from-file"\n'
+    )
+    monkeypatch.setenv("ROLLSTREAM_KAFKA_CLIENT", json.dumps({"sasl.username": "env-user"}))
+    settings = Settings.load(kafka_client={"sasl.password": "from-flag"})
+    assert settings.bootstrap_servers == "k1.example:9092,k2.example:9092"
+    assert settings.kafka_port == 9092 and settings.kafka_host == "127.0.0.1"  # the local broker is untouched
+    assert not settings.lake_is_local
+    assert settings.lake_table_uri("trajectories") == "s3://bucket/lake/trajectories"
+    assert settings.delta_storage_options() == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "aws_conditional_put": "etag",
+        "aws_allow_http": "true",
+    }
+    assert dict(settings.kafka_client) == {  # tables merge key by key; the flag beats the file
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.password": "from-flag",
+        "sasl.username": "env-user",
+    }
+    assert settings.kafka_config({"group.id": "g"}) == {
+        "bootstrap.servers": "k1.example:9092,k2.example:9092",
+        **settings.kafka_client,
+        "group.id": "g",
+    }
+    assert "from-flag" not in repr(settings)  # secrets stay out of logs
+    with pytest.raises(SettingsError, match=r"lake_uri = 's3://bucket/lake' is an object store"):
+        _ = settings.lake_dir
+    again = Settings.load()  # a child process sees the same values through as_env()
+    for name, value in settings.as_env().items():
+        monkeypatch.setenv(name, value)
+    child = Settings.load()
+    assert child == settings != again
+    monkeypatch.setenv("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.5:19092")  # one address beats the file's list
+    monkeypatch.delenv("ROLLSTREAM_KAFKA_HOST")
+    monkeypatch.delenv("ROLLSTREAM_KAFKA_PORT")
+    assert Settings.load().bootstrap_servers == "127.0.0.5:19092"
+
+
+def test_lake_dir_is_an_alias_of_lake_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "a.toml").write_text('lake_dir = "lake"\n')
+    assert Settings.load(conf / "a.toml").lake_uri == str(conf / "lake")  # relative to the file
+    monkeypatch.setenv("ROLLSTREAM_LAKE_DIR", "/env/lake")
+    assert Settings.load().lake_dir == Path("/env/lake")
+    assert Settings.load(lake_uri="file:///x/lake").lake_uri == "/x/lake"
+    with pytest.raises(SettingsError, match=r"both lake_dir and lake_uri are set"):
+        Settings.load(lake_dir="/a", lake_uri="/b")
+    with pytest.raises(SettingsError, match=r"bootstrap_servers = 'h:1' and kafka_port = 2 disagree"):
+        Settings(bootstrap_servers="h:1", kafka_port=2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -52,3 +53,46 @@ def test_status_watch_redraws_in_place(bootstrap_servers):
     assert "rollouts.raw" in screen  # the lag table lists the raw topic's partitions
     assert screen.count("services") >= 3  # drawn three times
     assert "\x1b[1A" in screen or "\x1b[2K" in screen  # ...each redraw moves the cursor back up
+
+
+def test_status_watch_ends_cleanly_on_ctrl_c(bootstrap_servers):
+    """Unbounded, the view refreshes until SIGINT (Ctrl-C), then exits 0 with no traceback."""
+    master, slave = os.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "status", "--watch", "--interval", "0.3"],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+    )
+    os.close(slave)
+    screen = b""
+    deadline = time.monotonic() + 120
+    interrupted = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                screen += data
+            if not interrupted and screen.count(b"services") >= 2:  # two refreshes seen
+                process.send_signal(signal.SIGINT)
+                interrupted = True
+            if process.poll() is not None and not ready:
+                break
+        code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+    text = screen.decode(errors="replace")
+    assert interrupted, text[-2000:]
+    assert code == 0, text[-2000:]
+    assert "Traceback" not in text
+    assert "\x1b[1A" in text or "\x1b[2K" in text  # redrawn in place

@@ -1,4 +1,4 @@
-"""The Faust app's wiring and its startup checks against the broker and the lake."""
+"""The Faust app's wiring (lanes of batched intake) and its startup checks against the broker and the lake."""
 
 from __future__ import annotations
 
@@ -28,22 +28,23 @@ def test_app_settings(tmp_path, bootstrap_servers):
     )
     assert app.conf.id == "grp"
     assert app.conf.web_enabled is False
-    assert app.conf.consumer_auto_offset_reset == "earliest"
-    assert app.conf.consumer_max_fetch_size == ULTRA_MAX_MESSAGE_BYTES == 64 * 2**20
-    assert app.conf.topic_partitions == 4
-    assert app.conf.topic_disable_leader is True
     assert str(app.conf.store) == "memory:"
-    agents = {agent.name: agent for agent in app.agents.values()}
-    assert {name: list(a.channel.topics) for name, a in agents.items()} == {
-        "proc.sink": ["rollouts.raw"],
-        "proc.sink-ultra": ["rollouts.ultra"],
+    assert app.boot_strategy.enable_kafka is False  # no Faust consumer may join the group
+    lanes = app.lanes
+    assert {name: lane.intake.topic for name, lane in lanes.items()} == {
+        "raw": "rollouts.raw",
+        "ultra": "rollouts.ultra",
     }
-    assert all(agent.concurrency == 1 for agent in agents.values())
-    assert agents["proc.sink-ultra"].channel.maxsize == 4  # ultra_batch_size bounds its buffer
+    raw, ultra = lanes["raw"].intake.config, lanes["ultra"].intake.config
+    assert raw["group.id"] == ultra["group.id"] == "grp"
+    assert raw["auto.offset.reset"] == "earliest"
+    assert raw["enable.auto.commit"] is False and raw["enable.auto.offset.store"] is False
+    assert ultra["max.partition.fetch.bytes"] == ULTRA_MAX_MESSAGE_BYTES == 64 * 2**20
+    assert (lanes["raw"].batch_size, lanes["ultra"].batch_size) == (500, 4)
     only_raw = create_app(
         bootstrap_servers=bootstrap_servers, lake_dir=tmp_path, ultra_topic=None, raw_partitions=1
     )
-    assert [list(a.channel.topics) for a in only_raw.agents.values()] == [["rollouts.raw"]]
+    assert [lane.intake.topic for lane in only_raw.lanes.values()] == ["rollouts.raw"]
     with pytest.raises(ValueError, match="batch_within_s"):
         create_app(bootstrap_servers="x:1", lake_dir=tmp_path, batch_within_s=0, raw_partitions=1)
 

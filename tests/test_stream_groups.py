@@ -307,9 +307,28 @@ def test_a_partition_assigned_again_reads_its_state_back(tmp_path):
     assert stage.run(messages[:4]).rows_written == 4
     stage.revoke([("raw", 1)])
     assert ("raw", 1) not in stage.state.partitions
+    stage.assign([("raw", 1)])
     again = stage.run(messages)  # the new assignment replays from the start
     assert (again.rows_written, again.rows_skipped) == (4, 4)
     assert pl.read_delta(str(tmp_path / "trajectories")).height == 8
+
+
+def test_a_batch_judged_before_its_partition_was_revoked_is_dropped(tmp_path):
+    """Worker A judged a batch, lost the partition to worker B, who wrote it; A writes nothing."""
+    codec = TrajectoryCodec()
+    records = list(SyntheticFleet(seed=9, group_size=2).trajectories(8))
+    messages = [SourceMessage(Coordinates("raw", 2, i), None, codec.encode(r)) for i, r in enumerate(records)]
+    a, b = _stage(tmp_path), _stage(tmp_path)
+    assert a.run(messages[:2]).rows_written == 2
+    judged = a.judge(messages[2:])
+    a.revoke([("raw", 2)])
+    assert b.run(messages).rows_written == 6  # the new owner resumes after A's commit
+    late = a.accept(judged)
+    assert (late.records_in, late.rows_written) == (0, 0) and a.flush() == 0
+    a.assign([("raw", 2)])  # back to A: it reads B's state first and skips what B wrote
+    assert a.run(messages).rows_skipped == 8
+    rows = pl.read_delta(str(tmp_path / "trajectories"))
+    assert rows.height == 8 and rows["offset"].n_unique() == 8
 
 
 def test_the_timer_releases_a_timed_out_group_and_commits_it(tmp_path):

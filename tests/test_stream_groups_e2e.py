@@ -31,7 +31,7 @@ from stream_support import (
 )
 
 from infra.cli import main as cli_main
-from producers.fleet import SyntheticFleet
+from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
 from stream_processors import BatchProcessor, DeadLetters, DeltaSink, Stage
 from stream_processors.domain_stats import merge
@@ -109,21 +109,6 @@ def _merged_stats(lake) -> dict[str, list[float]]:
     """Per-domain statistics merged over the newest stored state of every partition."""
     parts = stored_partitions(TxnTable(str(lake / "trajectories"), app_id=APP_ID), APP_ID)
     return {k: v.as_list() for k, v in sorted(merge(p.stats for p in parts.values()).items())}
-
-
-def without_code(records):
-    """Code groups become precomputed groups with the same rewards: groups are what this test is
-    about, and 7,600 sandboxed runs per pass would dominate its time (the sandbox has its own tests)."""
-    for r in records:
-        if r["task_type"] == "code":
-            r = {
-                **r,
-                "task_type": "precomputed",
-                "domain": "precomputed/chat-000",
-                "unit_tests": None,
-                "precomputed_reward": float(r["metadata"]["synthetic_score"]),
-            }
-        yield r
 
 
 def test_groups_across_lanes_and_sigkills(bootstrap_servers, make_topic, group_name, tmp_path):

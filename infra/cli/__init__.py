@@ -1,0 +1,64 @@
+"""The `rollstream` command line (typer): one sub-command per job, each a thin shell over the library.
+
+This package is the edge of the system: it folds the config file, environment and flags into one
+`Settings` object (common.py) and passes plain keyword arguments down to the rooms. Commands live
+by concern: stack.py (up, down, status, domains, profile, offsets), pipeline.py (produce, process,
+rescore, learn, demo), lake.py (sql, maintain, report).
+"""
+
+import sys
+from collections.abc import Sequence
+
+import typer
+from confluent_kafka import KafkaException
+
+from infra.cli import common, lake, pipeline, stack
+from infra.cli.common import UsageError, root
+from schemas.exceptions import RollstreamError
+
+__all__ = ["UsageError", "main"]
+
+for _group in (stack, pipeline, lake):  # in this order in `rollstream --help`
+    root.registered_commands.extend(_group.app.registered_commands)
+root.add_typer(stack.profile_app, name="profile")
+root.add_typer(stack.offsets_app, name="offsets")
+_COMMANDS = {info.name for info in root.registered_commands} | {"profile", "offsets"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `rollstream` console script; returns the exit code.
+
+    0 done, 1 the job ran but failed its own check (produce, demo), 2 a usage, settings, Kafka or
+    other rollstream error (one line on stderr), 3 `status` found the broker down, 130 Ctrl-C.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    common.INVOCATION[:] = args
+    name = next((a for a in args if not a.startswith("-")), "")
+    name = name if name in _COMMANDS else ""
+    try:
+        result = typer.main.get_command(root).main(args=args, prog_name="rollstream", standalone_mode=False)
+    except RollstreamError as exc:
+        print(f"rollstream {name}: error: {exc}".replace("rollstream : ", "rollstream: "), file=sys.stderr)
+        return 2
+    except KafkaException as exc:
+        print(
+            f"rollstream {name}: error: Kafka: {exc.args[0].str() if exc.args else exc}; "
+            "is the broker up? `rollstream status` tells, `rollstream up` starts it",
+            file=sys.stderr,
+        )
+        return 2
+    except typer.Abort:
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except typer.TyperException as exc:  # click's usage errors: a bad flag or value
+        message = str(exc.format_message() if hasattr(exc, "format_message") else exc).rstrip(".")
+        if message:  # empty when the help was shown instead (no command given)
+            where = f"rollstream {name}" if name else "rollstream"
+            print(f"{where}: error: {message}; see `{where} --help`", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 2))
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

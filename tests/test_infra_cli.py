@@ -1,0 +1,84 @@
+"""The typer command line: exit codes, one-line errors, and the settings flags every command takes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.cli import main
+from infra.cli.common import Common
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("ROLLSTREAM_") and name != "ROLLSTREAM_CACHE":
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nope"], "rollstream: error: No such command 'nope'; see `rollstream --help`"),
+        (["status", "--kafka-port", "x"], "rollstream status: error: Invalid value for '--kafka-port'"),
+        (["process", "--band-pass", "0.1"], "rollstream process: error: Option '--band-pass' requires 2"),
+        (["produce", "--lane", "fast"], "rollstream produce: error: Invalid value for '--lane'"),
+        (
+            ["status", "--kafka-client", "nope"],
+            "rollstream status: error: --kafka-client 'nope': give KEY=VALUE",
+        ),
+        (["status", "--lake-uri", "ftp://x"], "rollstream status: error: override: lake_uri = 'ftp://x' has"),
+        (["profile", "fit", "t.csv", "--quantiles", "0.5", "--edges", "9"], "exclude each other"),
+    ],
+)
+def test_usage_and_settings_errors_are_one_line_with_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_status_of_a_stopped_stack_exits_3_and_flags_reach_the_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--state-dir", str(tmp_path / "s"), "--kafka-port", "39999"]) == 3
+    assert "stopped at 127.0.0.1:39999" in capsys.readouterr().out
+    settings = Common(
+        state_dir=tmp_path / "s",
+        bootstrap_servers="k1:9092,k2:9092",
+        lake_uri="s3://bucket/lake",
+        storage_option=("AWS_ENDPOINT_URL=http://127.0.0.1:9000", "aws_conditional_put=etag"),
+        kafka_client=("security.protocol=SASL_SSL", "sasl.password=a=b"),
+    ).settings()
+    assert settings.bootstrap_servers == "k1:9092,k2:9092"
+    assert settings.lake_table_uri("trajectories") == "s3://bucket/lake/trajectories"
+    assert settings.delta_storage_options() == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "aws_conditional_put": "etag",
+    }
+    assert dict(settings.kafka_client) == {"security.protocol": "SASL_SSL", "sasl.password": "a=b"}
+
+
+def test_the_console_script_and_module_share_main(tmp_path: Path) -> None:
+    """`python -m infra.cli` runs the same typer app; --help exits 0 and lists every command."""
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("up", "down", "status", "produce", "process", "profile", "offsets", "domains", "rescore"):
+        assert f" {name} " in done.stdout
+    for name in ("learn", "sql", "maintain", "report", "demo"):
+        assert f" {name} " in done.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "sql"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert missing.returncode == 2 and "Missing argument" in missing.stderr

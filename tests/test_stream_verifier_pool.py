@@ -1,0 +1,60 @@
+"""CPU-heavy verifiers in spawned processes: the same verdicts as in the worker, and a broken pool
+falls back to judging in the caller's thread."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from producers.fleet import SyntheticFleet
+from schemas import TrajectoryCodec
+from stream_processors import BatchProcessor, Coordinates, SourceMessage
+from stream_processors.verifier_pool import CPU_HEAVY, VerifierPool, judge_record
+from stream_processors.verifiers import DomainVerifiers
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_the_pool_judges_like_the_worker_and_survives_a_killed_process():
+    verifiers = DomainVerifiers()
+    pool = VerifierPool(verifiers, 2)
+    try:
+        records = list(SyntheticFleet(seed=31).trajectories(400))
+        heavy = [r for r in records if pool.takes(r)]
+        assert {verifiers.lookup(r)[0].name for r in heavy} == CPU_HEAVY
+        assert not any(pool.takes(r) for r in records if r["task_type"] in ("code", "precomputed"))
+        expected = [judge_record(verifiers, r) for r in heavy]
+        got = pool.collect(pool.submit(heavy), len(heavy))
+        assert got == expected
+
+        # A killed process breaks the pool: the chunks it held come back as None (the caller judges
+        # them), and the next submit starts a new pool (the test kills the pool's own processes).
+        for pid in list(pool._executor._processes):
+            os.kill(pid, signal.SIGKILL)
+        broken = pool.collect(pool.submit(heavy), len(heavy))
+        assert broken.count(None) > 0
+        assert pool.collect(pool.submit(heavy), len(heavy)) == expected
+    finally:
+        pool.close()
+
+
+def test_a_batch_processor_with_the_pool_gives_the_same_samples():
+    codec = TrajectoryCodec()
+    messages = [
+        SourceMessage(Coordinates("t", 0, i), None, codec.encode(r))
+        for i, r in enumerate(SyntheticFleet(seed=32).trajectories(120))
+        if r["task_type"] != "code"
+    ]
+    alone = BatchProcessor(verifier_pool=None).judge(messages)
+    processor = BatchProcessor()
+    processor.verifier_pool = VerifierPool(processor.verifiers, 1)
+    try:
+        pooled = processor.judge(messages)
+    finally:
+        processor.verifier_pool.close()
+    assert [(s.coordinates, s.verdict) for s in pooled.samples] == [
+        (s.coordinates, s.verdict) for s in alone.samples
+    ]
+    assert len(pooled.samples) == len(messages)
