@@ -51,11 +51,13 @@ class SourceMessage:
 
 @dataclass(slots=True)
 class JudgedBatch:
-    """A batch judged: samples for the group buffer, dead letters, the sandbox executions with their
-    source coordinates (parallel lists), and how many messages were already decided (replays)."""
+    """A batch judged: samples for the group buffer with their messages (parallel lists), dead
+    letters, the sandbox executions with their source coordinates (parallel lists), and how many
+    messages were already decided (replays)."""
 
     coordinates: list[Coordinates] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    sources: list[SourceMessage] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     executions: list[ExecutionRecord] = field(default_factory=list)
     execution_coordinates: list[Coordinates] = field(default_factory=list)
@@ -70,6 +72,7 @@ class JudgedBatch:
         return JudgedBatch(
             coordinates=[c for c in self.coordinates if keep(c)],
             samples=[s for s in self.samples if keep(s.coordinates)],
+            sources=[m for m in self.sources if keep(m.coordinates)],
             dead_letters=[d for d in self.dead_letters if keep(d.coordinates)],
             executions=[e for e, _ in executions],
             execution_coordinates=[c for _, c in executions],
@@ -173,6 +176,7 @@ class BatchProcessor:
             out.samples.append(
                 Sample(message.coordinates, record, tokens, verdict, bucket, len(message.value or b""))
             )
+            out.sources.append(message)
         out.seconds = time.perf_counter() - start
         return out
 

@@ -16,6 +16,7 @@ class Progress:
     rows_written: int = 0
     dead_letters_written: int = 0
     replays_skipped: int = 0
+    duplicates: int = 0
     batches: int = 0
     busy_s: float = 0.0
     process_s: float = 0.0
@@ -27,6 +28,7 @@ class Progress:
         self.rows_written += stats.rows_written
         self.dead_letters_written += stats.dead_letters_written
         self.replays_skipped += stats.rows_skipped + stats.dead_letters_skipped
+        self.duplicates += stats.duplicates
         self.batches += 1
         self.busy_s += stats.seconds
         self.process_s += stats.process_seconds
@@ -37,7 +39,7 @@ class Progress:
         busy = max(self.busy_s, 1e-9)
         return (
             f"records in {self.records_in}, rows written {self.rows_written}, dead letters "
-            f"{self.dead_letters_written}, replays skipped {self.replays_skipped}, batches {self.batches}; "
+            f"{self.dead_letters_written} ({self.duplicates} duplicates), replays skipped {self.replays_skipped}, batches {self.batches}; "
             f"{self.records_in / wall:.0f} rec/s wall, {self.records_in / busy:.0f} rec/s while busy "
             f"({self.process_s:.1f}s scoring, {self.busy_s - self.process_s:.1f}s writing)"
         )

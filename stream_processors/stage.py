@@ -6,6 +6,8 @@ sink thread; after each it acks, per partition, the messages below `safe_offsets
 committed offset never passes a message whose row or dead letter is not yet stored.
 
 Steps of `accept`:
+  0. a trajectory re-sent (its trajectory_id already accepted in the recent offsets of its
+     partition, dedup.py) becomes a dead letter `duplicate`, counted in `BatchStats.duplicates`;
   1. append the batch's sandbox executions (the executions table, exactly once per offset by its
      own txn versions), then send and append its dead letters (likewise), before any commit of
      rows could record their offsets as decided;
@@ -31,12 +33,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from stream_processors.advantages import NO_SIGNAL_STATUSES, GroupNormalization, Member, decide_group
-from stream_processors.dead_letters import DeadLetters
+from stream_processors.dead_letters import DeadLetter, DeadLetters
+from stream_processors.dedup import DEFAULT_WINDOW, RecentTrajectories
 from stream_processors.delta_sink import DeltaSink, trajectories_table
 from stream_processors.domain_stats import RunningStats, standardize
 from stream_processors.exceptions import SinkError, StreamProcessorError
 from stream_processors.executions import ExecutionLog
-from stream_processors.groups import DecidedGroup, GroupBuffer
+from stream_processors.groups import DecidedGroup, GroupBuffer, Sample
 from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
 from stream_processors.rows import ScoredTrajectory
@@ -57,6 +60,11 @@ class BatchStats:
     seconds: float
     process_seconds: float = 0.0
     executions_written: int = 0
+    duplicates: int = 0
+
+
+DUPLICATE = "duplicate"
+"""The error_type of a re-sent trajectory's dead letter (dedup.py)."""
 
 
 class TopicIdMismatchError(StreamProcessorError):
@@ -79,6 +87,8 @@ class Stage:
         idle_commit_s: when a lane is caught up (its batch was not full), commit once the oldest
             row waited this long instead: latency matters more than file size then.
         write_retries, retry_backoff_s: retries of a failing write before the worker stops.
+        dedup_window: offsets per partition within which a re-sent trajectory is recognised as a
+            duplicate (dedup.py); 0 turns the rule off.
     """
 
     def __init__(
@@ -97,6 +107,7 @@ class Stage:
         idle_commit_s: float = 0.25,
         write_retries: int = 5,
         retry_backoff_s: float = 0.5,
+        dedup_window: int = DEFAULT_WINDOW,
     ) -> None:
         self.processor = processor
         self.sink = sink
@@ -105,6 +116,7 @@ class Stage:
         self.normalization = normalization if normalization is not None else GroupNormalization()
         self.groups = groups if groups is not None else GroupBuffer()
         self.state = SinkState(sink.table.app_id, decay=decay, warmup=warmup)
+        self.recent = RecentTrajectories(dedup_window)
         self.commit_bytes = commit_bytes
         self.commit_interval_s = commit_interval_s
         self.idle_commit_s = idle_commit_s
@@ -125,6 +137,8 @@ class Stage:
         """Read the stored state of `partitions` and check the topics' ids against the stored ones."""
         wanted = list(partitions)
         self.state.load(self.sink.table, wanted)
+        for tp in wanted:
+            self.recent.load(self.sink.table, tp, self.state.partition(tp).next)
         for topic, topic_id in topic_ids.items():
             stored = self.state.topic_ids.get(topic)
             if stored is not None and stored != topic_id:
@@ -165,19 +179,22 @@ class Stage:
             if fresh:
                 self.state.drop(fresh)
                 self.state.load(self.sink.table, fresh)
+                self.recent.drop(fresh)
+            for tp in {(c.topic, c.partition) for c in batch.coordinates}:
+                if tp not in self.recent:
+                    self.recent.load(self.sink.table, tp, self.state.partition(tp).next)
+            samples, duplicates = self._deduplicate(batch)
             executions = 0
             if self.executions is not None and batch.executions:
                 audit = self.executions
                 executions = self._retrying(
                     "executions", lambda: audit.write(batch.executions, batch.execution_coordinates)
                 )
-            letters = self._retrying("dead_letters", lambda: self.dead_letters.write(batch.dead_letters))
-            skipped = batch.skipped
-            for sample in batch.samples:
+            dead = [*batch.dead_letters, *duplicates]
+            letters = self._retrying("dead_letters", lambda: self.dead_letters.write(dead))
+            skipped = batch.skipped + len(batch.samples) - len(samples) - len(duplicates)
+            for sample in samples:
                 c = sample.coordinates
-                if c in self._pending or self.state.done(c):
-                    skipped += 1
-                    continue
                 self._pending.add(c)
                 decided = self.groups.add(sample, now)
                 if decided is not None:
@@ -192,10 +209,11 @@ class Stage:
                 rows_written=rows,
                 dead_letters_written=letters,
                 rows_skipped=skipped,
-                dead_letters_skipped=len(batch.dead_letters) - letters,
+                dead_letters_skipped=len(dead) - letters,
                 seconds=time.perf_counter() - start + batch.seconds,
                 process_seconds=batch.seconds,
                 executions_written=executions,
+                duplicates=len(duplicates),
             )
 
     def tick(self, now: float | None = None, *, caught_up: bool = False, idle: bool = True) -> int:
@@ -229,6 +247,7 @@ class Stage:
             for tp in gone:
                 self._seen.pop(tp, None)
             self.state.drop(gone)
+            self.recent.drop(gone)
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Partitions (re)assigned to this worker: their batches are accepted again."""
@@ -257,6 +276,31 @@ class Stage:
         return len(self.groups)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _deduplicate(self, batch: JudgedBatch) -> tuple[list[Sample], list[DeadLetter]]:
+        """Step 0: the batch's undecided samples that are not re-sent copies, and the copies' letters."""
+        kept: list[Sample] = []
+        letters: list[DeadLetter] = []
+        for sample, source in zip(batch.samples, batch.sources, strict=True):
+            c = sample.coordinates
+            if c in self._pending or self.state.done(c):
+                continue
+            tid = str(sample.record["trajectory_id"])
+            first = self.recent.check((c.topic, c.partition), tid, c.offset)
+            if first is None:
+                kept.append(sample)
+                continue
+            letters.append(
+                DeadLetter(
+                    reason=f"duplicate: trajectory_id {tid!r} was accepted at offset {first} of "
+                    f"{c.topic}[{c.partition}]; this copy (a re-send) is not a second row",
+                    error_type=DUPLICATE,
+                    raw=source.value or b"",
+                    key=source.key,
+                    coordinates=c,
+                )
+            )
+        return kept, letters
 
     def _decide(self, decided: DecidedGroup, now: float) -> None:
         samples = decided.samples
@@ -394,6 +438,7 @@ def _without(batch: JudgedBatch, revoked: set[TopicPartition]) -> JudgedBatch:
         batch,
         coordinates=[c for c in batch.coordinates if kept(c)],
         samples=[s for s in batch.samples if kept(s.coordinates)],
+        sources=[m for m in batch.sources if kept(m.coordinates)],
         dead_letters=[d for d in batch.dead_letters if kept(d.coordinates)],
         executions=[e for e, _ in executions],
         execution_coordinates=[c for _, c in executions],

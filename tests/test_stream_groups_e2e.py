@@ -48,10 +48,23 @@ pytestmark = pytest.mark.timeout(900)
 WORKER_FLAGS = ["--session-timeout", "8", "--group-wall-timeout", "600", "--commit-interval", "0.5"]
 
 
-def _run(bootstrap_servers, raw, ultra, dlq, lake, group, logs, kills: list[float]) -> None:
-    """Run the worker until every trajectory is a row; SIGKILL it once each share more of them landed."""
+def _run(
+    bootstrap_servers,
+    raw,
+    ultra,
+    dlq,
+    lake,
+    group,
+    logs,
+    kills: list[float],
+    total: int = TRAJECTORIES,
+    done=None,
+) -> None:
+    """Run the worker until every trajectory is a row (and `done()`, when given); SIGKILL it once
+    each share more of the `total` rows landed."""
     app_id = APP_ID
     traj = lake / "trajectories"
+    finished = done or (lambda: True)
     for i, fraction in enumerate([*kills, None]):
         log = logs / f"worker-{i}.log"
         proc = start_worker(
@@ -59,9 +72,9 @@ def _run(bootstrap_servers, raw, ultra, dlq, lake, group, logs, kills: list[floa
         )
         try:
             if fraction is None:
-                wait_for(lambda: table_rows(traj) >= TRAJECTORIES, 400, proc, log, "every row")
+                wait_for(lambda: table_rows(traj) >= total and finished(), 400, proc, log, "every row")
                 break
-            target = min(table_rows(traj) + int(TRAJECTORIES * fraction), TRAJECTORIES - 500)
+            target = min(table_rows(traj) + int(total * fraction), total - total // 40)
             wait_for(lambda t=target: table_rows(traj) >= t, 400, proc, log, f"{target} rows")  # type: ignore[misc]
             time.sleep(random.Random(i).uniform(0.0, 0.7))
             proc.send_signal(signal.SIGKILL)
@@ -74,8 +87,11 @@ def _run(bootstrap_servers, raw, ultra, dlq, lake, group, logs, kills: list[floa
 
 
 def _committed_offsets_are_stored(bootstrap_servers, group, raw, ultra, traj) -> None:
-    """Kafka's committed offset never passes a message that is not a row yet (no dead letters here)."""
+    """Kafka's committed offset never passes a message that is not a row or a dead letter yet."""
     stored = pl.read_delta(str(traj), columns=["topic", "partition", "offset"])
+    letters = traj.parent / "dead_letters"
+    if table_rows(letters):
+        stored = pl.concat([stored, pl.read_delta(str(letters), columns=["topic", "partition", "offset"])])
     for topic, partitions in ((raw, 4), (ultra, 2)):
         for partition, committed in committed_offsets(bootstrap_servers, group, topic, partitions).items():
             if committed <= 0:

@@ -4,7 +4,13 @@ The sandbox sees /usr, /lib*, /bin and the interpreter's prefix read-only, a fre
 /dev, a task directory read-only at /task, an environment read-only at /env, and two private
 size-capped tmpfs (/work, its working directory, and /tmp) as the only writable places. The
 root is remounted read-only, there is no home, no network (a new, empty network namespace) and
-no inherited environment variable.
+no inherited environment variable. The code runs as an unprivileged id (SANDBOX_UID, nobody) of
+its own user namespace with every capability dropped, so it is no root even inside the sandbox:
+it cannot remount, change what it may read, or keep a capability across an exec. Its id still
+maps to the worker's own user outside (root when the worker runs as root), and the kernel grants
+the owner of /proc/sys and /proc/sysrq-trigger writes by that outside id alone, without any
+capability: so those (READ_ONLY_PROC) are bound read-only over the fresh /proc, as container
+runtimes do; without that, code under test could set the host's kernel.core_pattern.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from stream_processors.sandbox.limits import Limits
 TASK_DIR = "/task"
 ENV_DIR = "/env"
 WORK_DIR = "/work"
+SANDBOX_UID = 65534
+"""The user and group id the code runs as inside its user namespace (nobody, nogroup)."""
+READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+"""Host-wide kernel settings under /proc, bound read-only inside the sandbox (when present)."""
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 
 
@@ -65,6 +75,13 @@ def bwrap_argv(
     argv = [
         binary,
         "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--cap-drop",
+        "ALL",
         "--die-with-parent",
         "--new-session",
         "--clearenv",
@@ -75,7 +92,10 @@ def bwrap_argv(
         argv += ["--ro-bind-try", path, path]
     if not python_prefix.startswith(SYSTEM_DIRS):
         argv += ["--ro-bind", python_prefix, python_prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--proc", "/proc"]
+    for path in READ_ONLY_PROC:
+        argv += ["--ro-bind-try", path, path]
+    argv += ["--dev", "/dev"]
     argv += ["--size", str(limits.tmpfs_bytes), "--tmpfs", WORK_DIR]
     argv += ["--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp"]
     argv += ["--ro-bind", str(task_dir), TASK_DIR]
