@@ -197,7 +197,7 @@ def process(
         commit_bytes=commit_mb * 2**20,
         commit_interval_s=commit_interval,
         session_timeout_s=session_timeout,
-        instance_id=None if instance_id is None else f"{instance_id}-{worker_index or 0}",
+        instance_id=_instance_id(instance_id, worker_index, group_id or app_id),
         data_dir=settings.state_dir / ("faust" if worker_index is None else f"faust-{worker_index}"),
     )
     import threading
@@ -218,6 +218,17 @@ def process(
         finally:
             stop.set()
     return 0
+
+
+def _instance_id(given: str | None, worker_index: int | None, group: str) -> str | None:
+    """Worker i's static member id: ``<given>-i``; `--workers` children without one get ``<group>-<host>-i``."""
+    if given is None and worker_index is None:
+        return None
+    if given is None:
+        import socket
+
+        given = f"{group}-{socket.gethostname()}"
+    return f"{given}-{worker_index or 0}"
 
 
 @command(app, "rescore", "judge stored trajectories with a verifier version; write the rescores table")
