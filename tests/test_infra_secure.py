@@ -50,7 +50,7 @@ def _config(settings: Settings, role: str, password: str | None = None) -> dict[
 def _produce(settings: Settings, role: str, topic: str) -> KafkaError | None:
     producer = Producer({**_config(settings, role), "message.timeout.ms": 15_000})
     results: list[KafkaError | None] = []
-    producer.produce(topic, b"probe", on_delivery=lambda err, _msg: results.append(err))
+    producer.produce(topic, b"probe", partition=0, on_delivery=lambda err, _msg: results.append(err))
     producer.flush(30)
     assert len(results) == 1, "no delivery report within 30 s"
     return results[0]
