@@ -45,7 +45,16 @@ TRAJECTORIES = 20_000
 GROUP_SIZE = 8
 ULTRA_FROM_TOKENS = 1_500
 pytestmark = pytest.mark.timeout(900)
-WORKER_FLAGS = ["--session-timeout", "8", "--group-wall-timeout", "600", "--commit-interval", "0.5"]
+WORKER_FLAGS = [
+    "--instance-id",
+    "e2e",
+    "--session-timeout",
+    "8",
+    "--group-wall-timeout",
+    "600",
+    "--commit-interval",
+    "0.5",
+]
 
 
 def _run(

@@ -1,6 +1,6 @@
 """The processor SIGKILLed 20 times at random moments: the same rows, letters and state as a clean run.
 
-Injected: MESSAGES (8,000; 200,000, so 100,000 good trajectories, with ROLLSTREAM_SOAK=1) from
+Injected: MESSAGES (4,000; 200,000, so 100,000 good trajectories, with ROLLSTREAM_SOAK=1) from
 hostile.py, good groups of 8 interleaved with hostile messages, then 60 re-sends of good ones.
 One worker runs clean; another, on a fresh lake, is SIGKILLed 20 times, each after a random share
 of the rows landed plus a random delay, and restarted (test_stream_groups_e2e's `_run`, which also
@@ -31,7 +31,7 @@ from .hostile import EXPECTED, hostile_mix
 
 pytestmark = pytest.mark.timeout(2400)
 SOAK = os.environ.get("ROLLSTREAM_SOAK") == "1"
-MESSAGES = 200_000 if SOAK else 8_000
+MESSAGES = 200_000 if SOAK else 4_000
 KILLS = 20
 RESENDS = 60
 
