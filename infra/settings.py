@@ -424,7 +424,8 @@ class Settings(BaseSettings):
         for source, layer in layers:
             expanded = _single_server(layer)
             if expanded:  # one address: shorthand for the local broker's host and port, as before
-                layer = {**expanded, **{k: v for k, v in layer.items() if k != BOOTSTRAP_KEY}}
+                # Within one layer the address is the more specific: it wins over kafka_host/kafka_port.
+                layer = {**{k: v for k, v in layer.items() if k != BOOTSTRAP_KEY}, **expanded}
                 values.pop(BOOTSTRAP_KEY, None)
             for name, value in layer.items():
                 old = values.get(name)

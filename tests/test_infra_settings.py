@@ -203,3 +203,11 @@ def test_lake_dir_is_an_alias_of_lake_uri(tmp_path: Path, monkeypatch: pytest.Mo
         Settings.load(lake_dir="/a", lake_uri="/b")
     with pytest.raises(SettingsError, match=r"bootstrap_servers = 'h:1' and kafka_port = 2 disagree"):
         Settings(bootstrap_servers="h:1", kafka_port=2)
+
+
+def test_one_address_wins_over_the_port_in_the_same_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child process told another broker by address, beside an inherited port, talks to that broker."""
+    monkeypatch.setenv("ROLLSTREAM_KAFKA_PORT", "39092")
+    monkeypatch.setenv("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:39700")
+    settings = Settings.load()
+    assert (settings.bootstrap_servers, settings.kafka_port) == ("127.0.0.1:39700", 39700)
