@@ -2,6 +2,7 @@
 
 import json
 import random
+import signal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -157,6 +158,9 @@ def process(
     worker_index: Annotated[int | None, typer.Option("--worker-index", hidden=True)] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
 ) -> int:
+    # Until the worker installs its own handlers, a stop request ends the command cleanly: nothing
+    # has been consumed yet (without this, SIGTERM while importing killed it with -15).
+    signal.signal(signal.SIGTERM, _exit_before_start)
     from schemas.profile import load_profile
     from stream_processors import create_app, run_worker
     from stream_processors.advantages import GroupNormalization, OverlongPenalty
@@ -218,6 +222,10 @@ def process(
         finally:
             stop.set()
     return 0
+
+
+def _exit_before_start(signum: int, _frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _instance_id(given: str | None, worker_index: int | None, group: str) -> str | None:
@@ -327,7 +335,6 @@ def learn(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
 ) -> int:
-    import signal
     import threading
 
     # Before the heavy imports (torch): a SIGTERM while starting still ends the run cleanly.

@@ -36,12 +36,6 @@ KILLS = 20
 RESENDS = 60
 
 
-@pytest.mark.xfail(
-    reason="first run (8,000 messages): after SIGKILL 16, kills-raw[3] had Kafka's committed offset "
-    "1547 while offsets 1543, 1544 and 1546 were neither rows nor dead letters; under investigation "
-    "(see the issue-11 report), not yet known whether the stage or this check is wrong",
-    strict=False,
-)
 def test_twenty_sigkills_change_nothing(bootstrap_servers, make_topic, group_name, tmp_path):
     raw = make_topic("kills-raw", partitions=4)
     ultra = make_topic("kills-ultra", partitions=2, config={"max.message.bytes": "67108864"})
