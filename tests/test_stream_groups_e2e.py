@@ -92,6 +92,8 @@ def _run(
             _committed_offsets_are_stored(bootstrap_servers, group, raw, ultra, traj)
         finally:
             if proc.poll() is None:
+                # SIGTERM before the worker took over its signals (while importing) ends it with -15.
+                wait_for(lambda: "[^Worker]: Ready" in log.read_text(), 120, proc, log, "the worker ready")
                 assert stop_worker(proc, log) == 0, log.read_text()[-3000:]
 
 
