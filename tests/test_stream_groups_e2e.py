@@ -93,7 +93,9 @@ def _run(
         finally:
             if proc.poll() is None:
                 # SIGTERM before the worker took over its signals (while importing) ends it with -15.
-                wait_for(lambda: "[^Worker]: Ready" in log.read_text(), 120, proc, log, "the worker ready")
+                wait_for(
+                    lambda w=log: "[^Worker]: Ready" in w.read_text(), 120, proc, log, "the worker ready"
+                )
                 assert stop_worker(proc, log) == 0, log.read_text()[-3000:]
 
 
