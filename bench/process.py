@@ -1,7 +1,9 @@
 """The stream stage from topic to rows in Delta, against a plain consumer + write_deltalake, on a real broker.
 
 Ours: `rollstream process` (a subprocess: Faust, scoring of math and extraction, groups, domain
-statistics, state in the commit) on a topic holding `--trajectories` fleet messages. Baseline, in
+statistics, state in the commit) on a topic holding `--trajectories` fleet messages, code tasks
+turned into precomputed ones (`without_code`: the issue scores math and extraction here; the
+sandbox has its own benchmark, bench/score.py). Baseline, in
 the same run on the same messages: a confluent-kafka consumer that decodes each message (no
 validation, no scoring) and appends Arrow tables with plain `write_deltalake`, committing by the
 same rule as ours (64 MiB of messages or 1 s). Both rates are steady state: rows written after
@@ -43,6 +45,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable, WriterProperties, write_deltalake
 
 from producers import SyntheticFleet
+from producers.fleet import without_code
 from schemas import TrajectoryCodec
 from schemas.tables import TIMESTAMP
 from stream_processors.delta_sink import list_column
@@ -71,7 +74,8 @@ def _topics(admin: AdminClient, tag: str) -> tuple[str, str, str]:
 
 def _messages(n: int, seed: int) -> list[tuple[bytes, bytes]]:
     codec = TrajectoryCodec()
-    return [(r["group_id"].encode(), codec.encode(r)) for r in SyntheticFleet(seed=seed).trajectories(n)]
+    records = without_code(SyntheticFleet(seed=seed).trajectories(n))
+    return [(r["group_id"].encode(), codec.encode(r)) for r in records]
 
 
 def _producer(servers: str) -> Producer:
@@ -269,7 +273,7 @@ def _latency(
     fleet = SyntheticFleet(seed=99)
     producer = _producer(servers)
     try:
-        warm = list(fleet.trajectories(8))
+        warm = list(without_code(fleet.trajectories(8)))
         for r in warm:
             producer.produce(topics[0], value=codec.encode(r), key=r["group_id"].encode())
         producer.flush(30)
@@ -289,7 +293,7 @@ def _latency(
         while time.monotonic() - start < seconds or len(visible) < len(published):
             now = time.monotonic()
             if now - start < seconds and sent < rate * (now - start):
-                for r in fleet.trajectories(8):
+                for r in without_code(fleet.trajectories(8)):
                     producer.produce(topics[0], value=codec.encode(r), key=r["group_id"].encode())
                     sent += 1
                 published[r["group_id"]] = time.monotonic()
@@ -359,7 +363,7 @@ def main() -> None:
         )
         backlog_topics = _topics(admin, f"b-{tag}")
         codec = TrajectoryCodec()
-        stream = SyntheticFleet(seed=args.seed + 1).trajectories(args.backlog)
+        stream = without_code(SyntheticFleet(seed=args.seed + 1).trajectories(args.backlog))
         _publish(servers, backlog_topics[0], ((r["group_id"].encode(), codec.encode(r)) for r in stream))
         rss = _ours(servers, backlog_topics, args.backlog, work / "backlog", "backlog")
     admin.delete_topics(
