@@ -137,7 +137,7 @@ def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
     assert len(table.file_uris()) < files_before  # compaction merged small files
     assert any(p.name.endswith(".checkpoint.parquet") for p in (traj / "_delta_log").iterdir())
 
-    # 3. The same app under a new group re-reads from offset 0, in a terminal (progress bar drawn).
+    # 3. The same app under a new group, in a terminal (progress bar drawn).
     second_group = group_name("restart-b")
     env = {
         **os.environ,
@@ -170,11 +170,11 @@ def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
     assert "catching up" in screen and "caught up:" in screen, screen[-4000:]  # the bar, then its end
     assert "\x1b[" in screen  # drawn with terminal control sequences, not plain lines
 
-    total = len(records) + len(bad)
+    # A new group starts each partition at the larger of its committed offset (none) and the `next`
+    # stored in Delta, which maintain kept: nothing is judged again, let alone written.
     text = " ".join(ANSI.sub("", screen).split())  # log lines come wrapped to the terminal's width
-    assert SUMMARY.search(text), text[-4000:]
-    records_in, rows_written, letters_written, skipped = map(int, SUMMARY.findall(text)[-1])
-    assert (records_in, rows_written, letters_written, skipped) == (total, 0, 0, total)
+    for _, rows_written, letters_written, _ in (map(int, m) for m in SUMMARY.findall(text)):
+        assert (rows_written, letters_written) == (0, 0), text[-4000:]
     rows_after = pl.read_delta(str(traj)).sort("topic", "partition", "offset")
     assert rows_after.height == len(records) == rows_before.height
     assert rows_after.select("topic", "partition", "offset").equals(
