@@ -1,6 +1,6 @@
 """The lake's disk fills up under a running worker: clear errors, retries with backoff, nothing lost.
 
-Injected: the lake on a 3 MiB tmpfs this test mounts (root only), too small for TRAJECTORIES rows;
+Injected: the lake on a 3 MiB tmpfs this test mounts (as root, which the test command runs as in CI), too small for TRAJECTORIES rows;
 once the worker logs a failed write and its retry, the tmpfs is grown to 256 MiB in place
 (`mount -o remount,size=...`), as an operator freeing space would. Counted: the log names the
 table, the cause (no space left on device) and the backoff; the worker never stops; afterwards
@@ -35,8 +35,10 @@ TRAJECTORIES = 1_600
 @pytest.fixture(name="small_disk")
 def small_disk_fixture(tmp_path):
     """A 3 MiB tmpfs at tmp_path/disk, unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root; run the suite as root to exercise disk full")
+    # Never skipped: the test command runs as root in CI (.ci/run), which mounting a tmpfs needs.
+    assert os.geteuid() == 0, (
+        "mounting a small tmpfs needs root: run the test command as root (CI does) to prove disk full"
+    )
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], check=True)
