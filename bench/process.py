@@ -31,18 +31,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable, WriterProperties, write_deltalake
+from fleet_stream import bench_producer, delta_rows, fleet_messages, publish
 
 from producers import SyntheticFleet
 from producers.fleet import without_code
@@ -70,46 +69,6 @@ def _topics(admin: AdminClient, tag: str) -> tuple[str, str, str]:
     for f in futures.values():
         f.result(timeout=30)
     return names
-
-
-def _messages(n: int, seed: int) -> list[tuple[bytes, bytes]]:
-    codec = TrajectoryCodec()
-    records = without_code(SyntheticFleet(seed=seed).trajectories(n))
-    return [(r["group_id"].encode(), codec.encode(r)) for r in records]
-
-
-def _producer(servers: str) -> Producer:
-    return Producer(
-        {
-            "bootstrap.servers": servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "compression.type": "zstd",
-            "linger.ms": 5,
-            "message.max.bytes": 4 * 2**20,
-        }
-    )
-
-
-def _publish(servers: str, topic: str, messages: Iterable[tuple[bytes, bytes]]) -> None:
-    producer = _producer(servers)
-    for key, value in messages:
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-    if producer.flush(120):
-        raise SystemExit(f"could not publish to {topic}")
-
-
-def _rows(uri: str) -> int:
-    if not DeltaTable.is_deltatable(uri):
-        return 0
-    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
-    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
 
 
 def _worker(
@@ -168,7 +127,7 @@ def _ours(servers: str, topics: tuple[str, str, str], n: int, work: Path, tag: s
     try:
         while True:
             peak = max(peak, _rss_mb(watch))
-            rows = _rows(uri)
+            rows = delta_rows(uri)
             now = time.monotonic()
             if rows and first is None:
                 first = (now, rows)
@@ -271,14 +230,14 @@ def _latency(
     proc = _worker(servers, topics, work / "lake", work / "state", "latency")
     codec = TrajectoryCodec()
     fleet = SyntheticFleet(seed=99)
-    producer = _producer(servers)
+    producer = bench_producer(servers)
     try:
         warm = list(without_code(fleet.trajectories(8)))
         for r in warm:
             producer.produce(topics[0], value=codec.encode(r), key=r["group_id"].encode())
         producer.flush(30)
         deadline = time.monotonic() + 180
-        while _rows(uri) < 8:
+        while delta_rows(uri) < 8:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the latency worker never wrote its warm-up group; see {work / 'state'}")
             time.sleep(0.1)
@@ -343,10 +302,10 @@ def main() -> None:
         raise SystemExit(f"no broker at {servers} ({exc}): run `rollstream up` first") from exc
 
     tag = uuid.uuid4().hex[:6]
-    messages = _messages(args.trajectories, args.seed)
+    messages = fleet_messages(args.trajectories, args.seed)
     megabytes = sum(len(v) for _, v in messages) / 1e6
     topics = _topics(admin, f"t-{tag}")
-    _publish(servers, topics[0], messages)
+    publish(servers, topics[0], messages)
     with tempfile.TemporaryDirectory(prefix="bench-process-") as tmp:
         work = Path(tmp)
         # Alternating runs on the same messages, the best of each: the machine is shared.
@@ -364,7 +323,7 @@ def main() -> None:
         backlog_topics = _topics(admin, f"b-{tag}")
         codec = TrajectoryCodec()
         stream = without_code(SyntheticFleet(seed=args.seed + 1).trajectories(args.backlog))
-        _publish(servers, backlog_topics[0], ((r["group_id"].encode(), codec.encode(r)) for r in stream))
+        publish(servers, backlog_topics[0], ((r["group_id"].encode(), codec.encode(r)) for r in stream))
         rss = _ours(servers, backlog_topics, args.backlog, work / "backlog", "backlog")
     admin.delete_topics(
         [*topics, *(f"bench-{k}-{s}-{tag}" for k in ("raw", "ultra", "dlq") for s in ("l", "b"))]

@@ -32,15 +32,9 @@ import uuid
 from pathlib import Path
 
 import psutil
-import pyarrow as pa
-import pyarrow.compute as pc
-from confluent_kafka import ConsumerGroupState, KafkaException, Producer
+from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
-from deltalake import DeltaTable
-
-from producers import SyntheticFleet
-from producers.fleet import without_code
-from schemas import TrajectoryCodec
+from fleet_stream import delta_rows, fleet_messages, publish
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
@@ -59,48 +53,10 @@ def _topics(admin: AdminClient, tag: str) -> tuple[str, str]:
     return names
 
 
-def _messages(n: int, seed: int) -> list[tuple[bytes, bytes]]:
-    codec = TrajectoryCodec()
-    return [
-        (r["group_id"].encode(), codec.encode(r))
-        for r in without_code(SyntheticFleet(seed=seed).trajectories(n))
-    ]
-
-
-def _publish(servers: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
-    producer = Producer(
-        {
-            "bootstrap.servers": servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "compression.type": "zstd",
-            "linger.ms": 5,
-            "message.max.bytes": 4 * 2**20,
-        }
-    )
-    for key, value in messages:
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-    if producer.flush(120):
-        raise SystemExit(f"could not publish to {topic}")
-
-
 def _delete(admin: AdminClient, topics: tuple[str, str]) -> None:
     for f in admin.delete_topics(list(topics)).values():
         with contextlib.suppress(Exception):  # a topic already gone is fine
             f.result(timeout=30)
-
-
-def _rows(uri: str) -> int:
-    if not DeltaTable.is_deltatable(uri):
-        return 0
-    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
-    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
 
 
 def _broker(servers: str) -> psutil.Process | None:
@@ -172,10 +128,10 @@ def _run(
             time.sleep(0.5)
         ready = time.monotonic()
         begin = (ready, _cpu_seconds(broker), _cpu_seconds(supervisor, tree=True))
-        _publish(servers, topics[0], messages)
+        publish(servers, topics[0], messages)
         published = time.monotonic()
         while True:
-            rows = _rows(uri)
+            rows = delta_rows(uri)
             now = time.monotonic()
             if rows >= n:
                 break
@@ -219,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap_servers})
-    messages = _messages(args.trajectories, args.seed)
+    messages = fleet_messages(args.trajectories, args.seed)
     best: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="rollstream-scale-") as tmp:
         for _ in range(args.repeats):
