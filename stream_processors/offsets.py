@@ -158,30 +158,44 @@ class TxnTable:
                 Transaction(txn_app_id(self.app_id, t, p), v, now_ms)
                 for (t, p), v in sorted(versions.items())
             ]
-            try:
-                write_deltalake(
-                    table if table is not None else self.uri,
-                    data,
-                    mode="append",
-                    partition_by=self.partition_by,
-                    storage_options=self.storage_options,
-                    writer_properties=self._writer_properties,
-                    commit_properties=CommitProperties(app_transactions=txns, custom_metadata=dict(metadata)),
-                )
-            except CommitFailedError as exc:
-                attempt += 1
-                if attempt > self.commit_retries:
-                    raise SinkError(
-                        f"{self.uri}: commit kept conflicting with concurrent writers ({exc}); "
-                        "raise commit_retries or write less often"
-                    ) from exc
-                log.warning("%s: concurrent commit (%s); reloading and retrying", self.uri, exc)
+            properties = CommitProperties(app_transactions=txns, custom_metadata=dict(metadata))
+            attempt = self._append(table, data, properties, attempt)
+            if attempt:
                 continue
-            except (DeltaError, OSError) as exc:
-                raise SinkError(f"appending {data.num_rows} rows to {self.uri} failed: {exc}") from exc
             written = self.refresh()
             assert written is not None
             return written.version()
+
+    def _append(
+        self, table: DeltaTable | None, data: pa.Table, properties: CommitProperties, attempt: int
+    ) -> int:
+        """One append commit; 0 when written, else the conflicts so far (retry on a fresh view).
+
+        Raises:
+            SinkError: more conflicts than `commit_retries`, or the write failed (disk, permissions).
+        """
+        try:
+            write_deltalake(
+                table if table is not None else self.uri,
+                data,
+                mode="append",
+                partition_by=self.partition_by,
+                storage_options=self.storage_options,
+                writer_properties=self._writer_properties,
+                commit_properties=properties,
+            )
+        except CommitFailedError as exc:
+            attempt += 1
+            if attempt > self.commit_retries:
+                raise SinkError(
+                    f"{self.uri}: commit kept conflicting with concurrent writers ({exc}); check that only "
+                    "one worker owns each partition, or raise commit_retries"
+                ) from exc
+            log.warning("%s: concurrent commit (%s); reloading and retrying", self.uri, exc)
+            return attempt
+        except (DeltaError, OSError) as exc:
+            raise SinkError(f"appending {data.num_rows} rows to {self.uri} failed: {exc}") from exc
+        return 0
 
     def _check_fence(self, table: DeltaTable | None, expected: Mapping[TopicPartition, int]) -> None:
         for (topic, partition), want in sorted(expected.items()):
@@ -214,25 +228,7 @@ class TxnTable:
                 for (topic, partition), offset in highest_offsets([coordinates[i] for i in keep]).items()
             ]
             data = build(keep)
-            try:
-                write_deltalake(
-                    table if table is not None else self.uri,
-                    data,
-                    mode="append",
-                    partition_by=self.partition_by,
-                    storage_options=self.storage_options,
-                    writer_properties=self._writer_properties,
-                    commit_properties=CommitProperties(app_transactions=txns),
-                )
-            except CommitFailedError as exc:
-                attempt += 1
-                if attempt > self.commit_retries:
-                    raise SinkError(
-                        f"{self.uri}: commit kept conflicting with a concurrent writer ({exc}); "
-                        "check that only one worker owns each partition"
-                    ) from exc
-                log.warning("%s: concurrent commit (%s); reloading and retrying", self.uri, exc)
+            attempt = self._append(table, data, CommitProperties(app_transactions=txns), attempt)
+            if attempt:
                 continue
-            except (DeltaError, OSError) as exc:
-                raise SinkError(f"appending {len(keep)} rows to {self.uri} failed: {exc}") from exc
             return len(keep)
