@@ -30,12 +30,14 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import faust
+import tenacity
 from faust.app.base import BootStrategy
 
 from schemas.profile import WorkloadProfile, load_profile
 from stream_processors.advantages import GroupNormalization
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
+from stream_processors.exceptions import BrokerUnavailableError
 from stream_processors.executions import ExecutionLog
 from stream_processors.groups import GroupBuffer
 from stream_processors.intake import Intake, Taken
@@ -58,6 +60,8 @@ ULTRA_MAX_MESSAGE_BYTES = 67_108_864
 fetch sizes are set to it, so the largest message the topics accept can always be fetched."""
 MAX_POLL_INTERVAL_MS = 900_000
 """A lane polls once per batch; a batch of slow sandboxed judgements may take minutes."""
+PREFLIGHT_RETRY_S = 120.0
+"""How long start-up keeps asking brokers that do not answer (a node down, an election) before it stops."""
 
 
 def faust_broker_url(bootstrap_servers: str) -> str:
@@ -344,6 +348,21 @@ def create_app(
         )
 
     def start() -> None:
+        """Check the stored offsets against the brokers and load the state, retrying while brokers
+        do not answer (a node restarting, a leader election) for up to PREFLIGHT_RETRY_S."""
+        for attempt in tenacity.Retrying(
+            stop=tenacity.stop_after_delay(PREFLIGHT_RETRY_S),
+            wait=tenacity.wait_exponential(multiplier=0.5, max=10),
+            retry=tenacity.retry_if_exception_type(BrokerUnavailableError),
+            before_sleep=lambda state: log.warning(
+                "start-up check: %s; retrying", state.outcome.exception() if state.outcome else "?"
+            ),
+            reraise=True,
+        ):
+            with attempt:
+                load_checked()
+
+    def load_checked() -> None:
         counts = topic_partitions(bootstrap_servers, topics, kafka_client=client)
         stores: list[tuple[str, OffsetStore]] = [
             (TRAJECTORIES_TABLE, stage.sink),

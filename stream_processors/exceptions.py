@@ -9,6 +9,10 @@ class StreamProcessorError(RollstreamError):
     """Root of the stream processors' errors."""
 
 
+class BrokerUnavailableError(StreamProcessorError):
+    """The brokers did not answer a metadata or offsets request in time; retrying may succeed."""
+
+
 class InvalidRecordError(StreamProcessorError):
     """A decoded trajectory breaks a rule the schema cannot express; it becomes a dead letter."""
 

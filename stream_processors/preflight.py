@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from stream_processors.exceptions import StreamProcessorError
+from stream_processors.exceptions import BrokerUnavailableError, StreamProcessorError
 
 
 class OffsetStore(Protocol):
@@ -40,7 +40,13 @@ def topic_partitions(
     kafka_client: KafkaClient = None,
 ) -> dict[str, int]:
     """How many partitions each topic has; raises StreamProcessorError naming any that is missing."""
-    metadata = admin(bootstrap_servers, kafka_client).list_topics(timeout=timeout_s)
+    client = admin(bootstrap_servers, kafka_client)  # a bad setting raises here, not as unavailable
+    try:
+        metadata = client.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerUnavailableError(
+            f"no metadata from {bootstrap_servers} within {timeout_s:g} s: {exc.args[0]}; check the brokers"
+        ) from exc
     out: dict[str, int] = {}
     for topic in topics:
         found = metadata.topics.get(topic)
@@ -76,10 +82,10 @@ def high_watermarks(
     try:
         futures = client.list_offsets(request, request_timeout=timeout_s)
         return {(tp.topic, tp.partition): f.result(timeout=timeout_s).offset for tp, f in futures.items()}
-    except KafkaException as exc:
-        raise StreamProcessorError(
+    except (KafkaException, TimeoutError) as exc:
+        raise BrokerUnavailableError(
             f"could not read the end offsets of {sorted(counts)} from {bootstrap_servers}: "
-            f"{exc.args[0]}; check the broker"
+            f"{exc.args[0] if exc.args else 'timed out'}; check the broker"
         ) from exc
 
 
@@ -96,9 +102,10 @@ def topic_ids(
     try:
         futures = client.describe_topics(TopicCollection(names), request_timeout=timeout_s)
         return {name: str(f.result(timeout=timeout_s).topic_id) for name, f in futures.items()}
-    except KafkaException as exc:
-        raise StreamProcessorError(
-            f"could not describe the topics {names} on {bootstrap_servers}: {exc.args[0]}; check the broker"
+    except (KafkaException, TimeoutError) as exc:
+        reason = exc.args[0] if exc.args else "timed out"
+        raise BrokerUnavailableError(
+            f"could not describe the topics {names} on {bootstrap_servers}: {reason}; check the broker"
         ) from exc
 
 

@@ -29,12 +29,16 @@ def test_the_pool_judges_like_the_worker_and_survives_a_killed_process():
         got = pool.collect(pool.submit(heavy), len(heavy))
         assert got == expected
 
-        # A killed process breaks the pool: the chunks it held come back as None (the caller judges
-        # them), and the next submit starts a new pool (the test kills the pool's own processes).
+        # A process killed while it judges breaks the pool: the chunks in flight come back as None
+        # (the caller judges them), and the next submit starts a new pool. The chunks are large
+        # (seconds of work) so that the kill lands while they run, not after they finished.
+        many = heavy * 40
+        in_flight = pool.submit(many)
         for pid in list(pool._executor._processes):
             os.kill(pid, signal.SIGKILL)
-        broken = pool.collect(pool.submit(heavy), len(heavy))
+        broken = pool.collect(in_flight, len(many))
         assert broken.count(None) > 0
+        assert all(got is None or got == want for got, want in zip(broken, expected * 40, strict=True))
         assert pool.collect(pool.submit(heavy), len(heavy)) == expected
     finally:
         pool.close()
