@@ -108,10 +108,12 @@ class Lane:
 
 
 class StreamApp(faust.App):
-    """The Faust app of the stream stage; `lanes` holds each source topic's intake."""
+    """The Faust app of the stream stage; `lanes` holds each source topic's intake, `stage` the
+    groups, normalization and tables they feed."""
 
     BootStrategy = ShellBoot
     lanes: dict[str, Lane]
+    stage: Stage
 
 
 class Held:
@@ -334,6 +336,7 @@ def create_app(
         },
     }
     sizes = {"raw": batch_size, "ultra": ultra_batch_size}
+    app.stage = stage
     app.lanes = {}
     for name, topic in zip(("raw", "ultra"), topics, strict=False):
         config = {**common, **fetch[name], "client.id": f"{app_id}-{name}"}

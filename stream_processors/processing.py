@@ -212,15 +212,21 @@ class BatchProcessor:
         return out
 
     def _judge_all(self, records: list[dict[str, Any]]) -> list[Verdict | InvalidRecordError]:
-        """Verdicts in order: CPU-heavy verifiers in the process pool, the rest on the sandbox pool."""
+        """Verdicts in order: CPU-heavy verifiers in the process pool, those that wait (sandbox,
+        symbolic checker) in the sandbox pool's threads, the cheap rest in this thread."""
         pool = self.verifier_pool
         heavy = [i for i, r in enumerate(records) if pool is not None and pool.takes(r)]
         futures = pool.submit([records[i] for i in heavy]) if pool is not None else []
         chosen = set(heavy)
         rest = [i for i in range(len(records)) if i not in chosen]
+        waits = getattr(self.verifiers, "waits", None)
+        slow = [i for i in rest if waits is None or waits(records[i])]
         out: list[Verdict | InvalidRecordError | None] = [None] * len(records)
-        for i, verdict in zip(rest, self.pool.map(lambda i: self._judge(records[i]), rest), strict=True):
+        for i, verdict in zip(slow, self.pool.map(lambda i: self._judge(records[i]), slow), strict=True):
             out[i] = verdict
+        for i in rest:
+            if out[i] is None:
+                out[i] = self._judge(records[i])
         if pool is not None:
             for i, found in zip(heavy, pool.collect(futures, len(heavy)), strict=True):
                 out[i] = found if found is not None else self._judge(records[i])

@@ -51,6 +51,9 @@ def _unpack_int32(record: Mapping[str, Any], field: str) -> npt.NDArray[np.int32
 
 
 def _check_token_ids(tokens: npt.NDArray[np.int32], field: str) -> None:
+    # One reduction on the fast path: as uint32, a negative id wraps to >= 2**31 > MAX_TOKEN_ID.
+    if not len(tokens) or int(tokens.view(np.uint32).max()) < MAX_TOKEN_ID:
+        return
     bad = (tokens < 0) | (tokens >= MAX_TOKEN_ID)
     if bad.any():
         index = int(np.flatnonzero(bad)[0])
@@ -83,8 +86,9 @@ def validate(record: Mapping[str, Any]) -> TokenArrays:
             f"len(response_logprobs)={len(logprobs)} != len(response_tokens)={len(response)}: "
             "send one logprob per response token"
         )
-    finite = np.isfinite(logprobs)
-    if not finite.all():
+    # Fast path: NaN and inf survive a float64 sum, which float32 values cannot overflow.
+    if len(logprobs) and not math.isfinite(float(logprobs.sum(dtype=np.float64))):
+        finite = np.isfinite(logprobs)
         bad = int(np.flatnonzero(~finite)[0])
         raise NonFiniteValueError(
             f"response_logprobs[{bad}]={float(logprobs[bad])!r} is not finite "

@@ -18,7 +18,7 @@ from schemas.domains import DomainRegistry, DomainSpec, default_domains
 from stream_processors.exceptions import DomainMismatchError, UnknownDomainError, UnknownTaskTypeError
 from stream_processors.sandbox import EMPTY, EnvironmentStore, Limits, Sandbox
 from stream_processors.verifiers.base import Verdict, Verifier
-from stream_processors.verifiers.code_tests import CodeTestsVerifier
+from stream_processors.verifiers.code_tests import CodeTestsVerifier, SandboxedVerifier
 from stream_processors.verifiers.exact_answer import ExactAnswerVerifier
 from stream_processors.verifiers.extraction import ExtractionVerifier
 from stream_processors.verifiers.field_match import FieldMatchVerifier
@@ -30,6 +30,8 @@ from stream_processors.verifiers.tool_use import ToolUseVerifier
 
 UNKNOWN_DOMAIN_POLICIES = ("dead-letter", "task-type")
 SANDBOXED = frozenset({"code_tests", "tool_use"})
+LOOKUP_CACHE_SIZE = 4096
+"""(domain, task_type) pairs whose verifier is remembered; past it, lookups are computed again."""
 _LIMIT_FIELDS = frozenset(f.name for f in dataclasses.fields(Limits))
 
 
@@ -66,6 +68,7 @@ class DomainVerifiers:
         self.versions = dict(versions or {})
         self.overrides = dict(overrides or {})
         self._built: dict[tuple[str, str, tuple[tuple[str, Any], ...]], Verifier] = {}
+        self._lookups: dict[tuple[str, str], tuple[Verifier, DomainSpec]] = {}
         self._lock = threading.Lock()
         self._checker: SymbolicChecker | None = None
 
@@ -127,11 +130,29 @@ class DomainVerifiers:
         )
 
     def lookup(self, record: Mapping[str, Any]) -> tuple[Verifier, DomainSpec]:
-        """The verifier for a record and its domain's entry."""
-        spec = self.spec(record)
-        if spec.task_type in self.overrides:
-            return self.overrides[spec.task_type], spec
-        return self.build(spec), spec
+        """The verifier for a record and its domain's entry (remembered per domain and task type)."""
+        key = (record.get("domain", ""), record.get("task_type", ""))
+        found = self._lookups.get(key)
+        if found is None:
+            spec = self.spec(record)
+            verifier = self.overrides.get(spec.task_type) or self.build(spec)
+            found = (verifier, spec)
+            if len(self._lookups) < LOOKUP_CACHE_SIZE:  # bounded: domains come from the input
+                self._lookups[key] = found
+        return found
+
+    def waits(self, record: Mapping[str, Any]) -> bool:
+        """Whether judging the record may wait: on the sandbox, on the symbolic checker's helper
+        process (math), or on an override of unknown cost.
+
+        Such records are judged in the sandbox pool's threads; the rest (answer and field checks,
+        precomputed rewards, records that will be dead letters) are cheaper judged in place.
+        """
+        try:
+            verifier, spec = self.lookup(record)
+        except Exception:
+            return False
+        return isinstance(verifier, SandboxedVerifier | MathVerifier) or spec.task_type in self.overrides
 
     def judge(self, record: Mapping[str, Any]) -> Verdict:
         """Look up and run the verifier, applying the domain's reward scale."""
