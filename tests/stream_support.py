@@ -20,6 +20,8 @@ from deltalake import DeltaTable
 
 REPO = Path(__file__).resolve().parents[1]
 BIG = {"message.max.bytes": 67_108_864}
+SOAK = os.environ.get("ROLLSTREAM_SOAK") == "1"
+"""Larger counts for soak runs (`ROLLSTREAM_SOAK=1`); the default counts fit the test command's budget."""
 
 
 @pytest.fixture(name="group_name")

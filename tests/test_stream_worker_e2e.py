@@ -20,6 +20,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from stream_support import (
+    SOAK,
     committed_offsets,
     group_caught_up,
     group_name_fixture,  # noqa: F401 (provides the group_name fixture)
@@ -38,6 +39,9 @@ from schemas.profile import load_profile
 from stream_processors import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA, txn_app_id
 
 VALID = 1200
+STOPPED = 5000 if SOAK else 1600
+"""Trajectories of the stop-and-resume tests (4/5 before the stop, 1/5 after); about 30% are code,
+each run in the sandbox."""
 RAW_PARTITIONS = 4
 pytestmark = pytest.mark.timeout(300)
 
@@ -215,8 +219,8 @@ def test_worker_stopped_mid_stream_resumes_exactly_once(
     app_id = f"test-processor-{uuid.uuid4().hex[:8]}"
     group = group_name("stream-stop-g")
     codec = TrajectoryCodec()
-    records = list(SyntheticFleet(seed=11, group_size=4).trajectories(5000))
-    before, after = records[:4000], records[4000:]
+    records = list(SyntheticFleet(seed=11, group_size=4).trajectories(STOPPED))
+    before, after = records[: STOPPED * 4 // 5], records[STOPPED * 4 // 5 :]
     publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in before])
     traj_uri = lake / "trajectories"
 
@@ -247,7 +251,8 @@ def test_worker_stopped_mid_stream_resumes_exactly_once(
     log2 = tmp_path / "worker2.log"
     proc = start_worker(bootstrap_servers, lake, raw, dlq, app_id, restart_group, log2)
     try:
-        # 400 s: the restart judges all 5,000 again, about 1,500 code runs in the sandbox
+        # 400 s: a restart under a new group may judge everything again (at SOAK size, about
+        # 1,500 code runs in the sandbox)
         wait_for(lambda: table_rows(traj_uri) >= len(records), 400, proc, log2, "all rows")
         wait_for(
             partial(group_caught_up, bootstrap_servers, restart_group, raw, RAW_PARTITIONS),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from stream_support import SOAK
 from test_infra_lifecycle import private_settings
 
 from infra import services
@@ -26,7 +27,6 @@ from producers.publisher import Publisher
 from schemas import TrajectoryCodec
 
 pytestmark = pytest.mark.timeout(900)
-SOAK = os.environ.get("ROLLSTREAM_SOAK") == "1"
 PUBLISHED = 50_000 if SOAK else 12_000
 TOPIC = "rollouts.raw"
 

@@ -11,7 +11,6 @@ row (and nothing else), the worker still running at the end, its peak RSS under 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stream_support import (
+    SOAK,
     group_name_fixture,  # noqa: F401 (provides the group_name fixture)
     publish,
     start_worker,
@@ -37,7 +37,6 @@ from stream_processors.validation import validate
 from .hostile import EXPECTED, hostile_mix
 
 pytestmark = pytest.mark.timeout(900)
-SOAK = os.environ.get("ROLLSTREAM_SOAK") == "1"
 HOSTILE = 10_000 if SOAK else 4_000
 RSS_BOUND = 1536 * 2**20
 DEAD_TYPES = {

@@ -12,13 +12,13 @@ statistics in the stored state.
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import polars as pl
 import pytest
 from stream_support import (
+    SOAK,
     group_name_fixture,  # noqa: F401 (provides the group_name fixture)
     publish,
     table_rows,
@@ -30,7 +30,6 @@ from stream_processors.stage import DUPLICATE
 from .hostile import EXPECTED, hostile_mix
 
 pytestmark = pytest.mark.timeout(2400)
-SOAK = os.environ.get("ROLLSTREAM_SOAK") == "1"
 MESSAGES = 200_000 if SOAK else 4_000
 KILLS = 20
 RESENDS = 60
