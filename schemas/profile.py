@@ -9,6 +9,7 @@ bucketing and sampling, so a row's `profile_id` names exactly the profile that b
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
@@ -79,11 +80,13 @@ class WorkloadProfile:
     source: str = ""
     method: str = ""
     _edges: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    _uppers: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_buckets(self.buckets)
         uppers = [b.upper for b in self.buckets[:-1]]
         object.__setattr__(self, "_edges", np.asarray(uppers, dtype=np.int64))
+        object.__setattr__(self, "_uppers", tuple(int(u) for u in uppers if u is not None))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -113,7 +116,9 @@ class WorkloadProfile:
 
     def bucket_of(self, length: int) -> str:
         """The name of the bucket that holds a total length."""
-        return self.buckets[int(self.bucket_indexes([length])[0])].name
+        if length < 0:
+            raise ProfileError(f"lengths must be >= 0, got {length}")
+        return self.buckets[bisect.bisect_right(self._uppers, length)].name  # per row: no numpy call
 
     def bucket_names(self, lengths: npt.ArrayLike) -> list[str]:
         """The bucket name of each total length."""

@@ -30,7 +30,7 @@ from stream_processors.groups import Sample
 from stream_processors.offsets import Coordinates
 from stream_processors.rows import ScoredTrajectory
 from stream_processors.sandbox import SandboxHostError, SandboxPool, SandboxUnavailableError
-from stream_processors.validation import TokenArrays, validate
+from stream_processors.validation import TokenArrays, validate, values_ok
 from stream_processors.verifiers import Verdict, Verifier, VerifierRegistry
 from stream_processors.verifiers.domains import DomainVerifiers
 
@@ -140,20 +140,13 @@ class BatchProcessor:
         """
         start = time.perf_counter()
         out = JudgedBatch(coordinates=[m.coordinates for m in messages])
-        decoded: list[tuple[SourceMessage, dict[str, Any], TokenArrays]] = []
-        for message in messages:
-            if done(message.coordinates):
-                out.skipped += 1
-                continue
-            try:
-                decoded.append((message, *self._decode(message)))
-            except (DecodeError, InvalidRecordError) as exc:
-                out.dead_letters.append(self._letter(message, exc))
-            except (MemoryError, OSError):
-                raise
-            except Exception as exc:  # a function of the bytes: a replay repeats it
-                log.warning("unexpected %s at %s: %s", type(exc).__name__, message.coordinates, exc)
-                out.dead_letters.append(self._letter(message, exc))
+        decoded, letters, skipped = self._decode_all(messages, done, values=False)
+        if letters or not values_ok([tokens for _, _, tokens in decoded]):
+            # Something is wrong in this batch: decode it again with every per-record check, so
+            # each bad record gets the error `validate` names first.
+            decoded, letters, skipped = self._decode_all(messages, done, values=True)
+        out.dead_letters.extend(letters)
+        out.skipped += skipped
         verdicts = self._judge_all([record for _, record, _ in decoded])
         for (message, record, tokens), verdict in zip(decoded, verdicts, strict=True):
             if isinstance(verdict, InvalidRecordError):
@@ -232,13 +225,36 @@ class BatchProcessor:
                 out[i] = found if found is not None else self._judge(records[i])
         return [v for v in out if v is not None]
 
-    def _decode(self, message: SourceMessage) -> tuple[dict[str, Any], TokenArrays]:
+    def _decode_all(
+        self, messages: Sequence[SourceMessage], done: Callable[[Coordinates], bool], *, values: bool
+    ) -> tuple[list[tuple[SourceMessage, dict[str, Any], TokenArrays]], list[DeadLetter], int]:
+        """(message, record, tokens) of each decodable message not `done`, the letters of the rest,
+        and how many were skipped as done."""
+        decoded: list[tuple[SourceMessage, dict[str, Any], TokenArrays]] = []
+        letters: list[DeadLetter] = []
+        skipped = 0
+        for message in messages:
+            if done(message.coordinates):
+                skipped += 1
+                continue
+            try:
+                decoded.append((message, *self._decode(message, values=values)))
+            except (DecodeError, InvalidRecordError) as exc:
+                letters.append(self._letter(message, exc))
+            except (MemoryError, OSError):
+                raise
+            except Exception as exc:  # a function of the bytes: a replay repeats it
+                log.warning("unexpected %s at %s: %s", type(exc).__name__, message.coordinates, exc)
+                letters.append(self._letter(message, exc))
+        return decoded, letters, skipped
+
+    def _decode(self, message: SourceMessage, *, values: bool = True) -> tuple[dict[str, Any], TokenArrays]:
         if message.value is None:
             raise InvalidRecordError(
                 "message has no value (a tombstone): rollouts.raw carries only trajectories"
             )
         record = self.codec.decode(message.value)
-        return record, validate(record)
+        return record, validate(record, values=values)
 
     def _judge(self, record: dict[str, Any]) -> Verdict | InvalidRecordError:
         """The verdict, or the input error that makes the record a dead letter.

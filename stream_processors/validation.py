@@ -7,7 +7,7 @@ letter's reason tells the producer exactly what to fix (schemas/WIRE_FORMAT.md s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +63,29 @@ def _check_token_ids(tokens: npt.NDArray[np.int32], field: str) -> None:
         )
 
 
-def validate(record: Mapping[str, Any]) -> TokenArrays:
-    """Check one decoded record and return its token arrays; raises InvalidRecordError subclasses."""
+def values_ok(batch: Sequence[TokenArrays]) -> bool:
+    """Whether every token id of `batch` is in range and every logprob finite, in two reductions.
+
+    The per-record checks of `validate` cost a few numpy calls per record, and each call may
+    release the GIL and wait a switch interval to get it back while the sink thread runs: checked
+    once per batch instead (`validate(record, values=False)` first), with per-record checks only
+    for a batch that fails.
+    """
+    if not batch:
+        return True
+    ids = np.concatenate([a for t in batch for a in (t.prompt_tokens, t.response_tokens)])
+    if len(ids) and int(ids.view(np.uint32).max()) >= MAX_TOKEN_ID:  # negatives wrap above 2**31
+        return False
+    logprobs = np.concatenate([t.response_logprobs for t in batch])
+    return not len(logprobs) or math.isfinite(float(logprobs.sum(dtype=np.float64)))
+
+
+def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
+    """Check one decoded record and return its token arrays; raises InvalidRecordError subclasses.
+
+    `values=False` skips the token id range and logprob finiteness checks, for a caller that runs
+    `values_ok` over its whole batch.
+    """
     for field in ("trajectory_id", "group_id"):
         if not str(record[field]).strip():
             raise EmptyIdError(f"{field}={record[field]!r} is empty: every trajectory needs one")
@@ -75,8 +96,9 @@ def validate(record: Mapping[str, Any]) -> TokenArrays:
         raise GroupIndexError(f"sample_index={sample_index} is outside [0, group_size={group_size})")
     prompt = _unpack_int32(record, "prompt_tokens")
     response = _unpack_int32(record, "response_tokens")
-    _check_token_ids(prompt, "prompt_tokens")
-    _check_token_ids(response, "response_tokens")
+    if values:
+        _check_token_ids(prompt, "prompt_tokens")
+        _check_token_ids(response, "response_tokens")
     try:
         logprobs = unpack_float32(record["response_logprobs"])
     except DecodeError as exc:
@@ -87,7 +109,7 @@ def validate(record: Mapping[str, Any]) -> TokenArrays:
             "send one logprob per response token"
         )
     # Fast path: NaN and inf survive a float64 sum, which float32 values cannot overflow.
-    if len(logprobs) and not math.isfinite(float(logprobs.sum(dtype=np.float64))):
+    if values and len(logprobs) and not math.isfinite(float(logprobs.sum(dtype=np.float64))):
         finite = np.isfinite(logprobs)
         bad = int(np.flatnonzero(~finite)[0])
         raise NonFiniteValueError(
