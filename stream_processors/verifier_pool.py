@@ -13,6 +13,9 @@ import dataclasses
 import logging
 import math
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -25,6 +28,8 @@ from stream_processors.verifiers.domains import DomainVerifiers
 
 log = logging.getLogger(__name__)
 
+PARENT_CHECK_S = 1.0
+"""How often a pool process checks that the worker that started it is alive."""
 CPU_HEAVY = frozenset({"math", "extraction"})
 """Verifiers judged in the pool: pure Python work of a few hundred microseconds per record."""
 TOKEN_FIELDS = ("prompt_tokens", "response_tokens", "response_logprobs")
@@ -39,12 +44,21 @@ def _plain(domains: DomainRegistry) -> tuple[dict[str, Any], dict[str, DomainSpe
     return task_types, specs, domains.source
 
 
+def _exit_with(parent: int) -> None:
+    """End this process once `parent` is gone (a SIGKILLed worker would otherwise leave it behind)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
+
+
 def _start(
     registry: tuple[dict[str, Any], dict[str, DomainSpec], str],
     unknown_domains: str,
     versions: Mapping[str, str],
+    parent: int,
 ) -> None:
     global _verifiers
+    threading.Thread(target=_exit_with, args=(parent,), name="rollstream-parent-watch", daemon=True).start()
     _verifiers = DomainVerifiers(
         DomainRegistry(*registry), unknown_domains=unknown_domains, versions=versions
     )
@@ -111,6 +125,7 @@ class VerifierPool:
                 _plain(self.verifiers.domains),
                 self.verifiers.unknown_domains,
                 dict(self.verifiers.versions),
+                os.getpid(),
             ),
         )
         for _ in range(self.size):

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
+import psutil
 import pytest
 
 from producers.fleet import SyntheticFleet
@@ -15,6 +19,7 @@ from stream_processors.verifier_pool import CPU_HEAVY, VerifierPool, judge_recor
 from stream_processors.verifiers import DomainVerifiers
 
 pytestmark = pytest.mark.timeout(180)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_pool_judges_like_the_worker_and_survives_a_killed_process():
@@ -62,3 +67,31 @@ def test_a_batch_processor_with_the_pool_gives_the_same_samples():
         (s.coordinates, s.verdict) for s in alone.samples
     ]
     assert len(pooled.samples) == len(messages)
+
+
+def test_pool_processes_end_when_their_worker_is_sigkilled(tmp_path):
+    """A SIGKILLed worker leaves no pool process behind (they used to live on, reparented to init)."""
+    script = (
+        "import os, sys, time\n"
+        "from stream_processors.verifier_pool import VerifierPool\n"
+        "from stream_processors.verifiers import DomainVerifiers\n"
+        "pool = VerifierPool(DomainVerifiers(), 2)\n"
+        "pool.collect(pool.submit([]), 0)\n"
+        "while len(pool._executor._processes) < 2: time.sleep(0.05)\n"
+        "print(' '.join(str(p) for p in pool._executor._processes), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert worker.stdout is not None
+        children = [psutil.Process(int(p)) for p in worker.stdout.readline().split()]
+        assert len(children) == 2 and all(c.is_running() for c in children)
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"pool processes outlived their SIGKILLed worker: {[p.pid for p in alive]}"
