@@ -30,8 +30,10 @@ def bootstrap_servers() -> str:
     return servers
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def admin(bootstrap_servers: str) -> AdminClient:
+    """A fresh AdminClient per test: a session-long one stayed stuck after the broker was briefly
+    fenced under load (every create_topics then timed out for the rest of a CI run)."""
     return AdminClient({"bootstrap.servers": bootstrap_servers})
 
 
