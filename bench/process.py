@@ -279,9 +279,8 @@ def _latency(
         producer.flush(30)
     finally:
         _stop(proc)
-    if os.environ.get(
-        "BENCH_LATENCY_TRACE"
-    ):  # per second of the run: the worst latency, to see when tails happen
+    if os.environ.get("BENCH_LATENCY_TRACE"):
+        # per second of the run (warm-up included): the worst latency, to see when tails happen
         for second in range(int(duration) + 1):
             worst = [visible[g] - t for g, t in published.items() if int(t - start) == second]
             print(f"{second} s: {len(worst)} groups, worst {max(worst, default=0):.2f} s", file=sys.stderr)

@@ -86,7 +86,7 @@ class WorkloadProfile:
         _check_buckets(self.buckets)
         uppers = [b.upper for b in self.buckets[:-1]]
         object.__setattr__(self, "_edges", np.asarray(uppers, dtype=np.int64))
-        object.__setattr__(self, "_uppers", tuple(int(u) for u in uppers if u is not None))
+        object.__setattr__(self, "_uppers", tuple(self._edges.tolist()))  # for bisect, per row
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -27,6 +27,11 @@ KafkaClient = Mapping[str, Any] | None
 """librdkafka settings added to every client (``settings.kafka_client``: security, SASL, TLS)."""
 
 
+def _reason(exc: Exception) -> str:
+    """What a failed broker request said (a future's bare TimeoutError says nothing)."""
+    return str(exc.args[0]) if exc.args else "timed out"
+
+
 def admin(bootstrap_servers: str, kafka_client: KafkaClient = None) -> AdminClient:
     """An AdminClient for `bootstrap_servers` with the `kafka_client` passthrough."""
     return AdminClient({**(kafka_client or {}), "bootstrap.servers": bootstrap_servers})
@@ -45,7 +50,7 @@ def topic_partitions(
         metadata = client.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise BrokerUnavailableError(
-            f"no metadata from {bootstrap_servers} within {timeout_s:g} s: {exc.args[0]}; check the brokers"
+            f"no metadata from {bootstrap_servers} within {timeout_s:g} s: {_reason(exc)}; check the brokers"
         ) from exc
     out: dict[str, int] = {}
     for topic in topics:
@@ -85,7 +90,7 @@ def high_watermarks(
     except (KafkaException, TimeoutError) as exc:
         raise BrokerUnavailableError(
             f"could not read the end offsets of {sorted(counts)} from {bootstrap_servers}: "
-            f"{exc.args[0] if exc.args else 'timed out'}; check the broker"
+            f"{_reason(exc)}; check the broker"
         ) from exc
 
 
@@ -103,9 +108,8 @@ def topic_ids(
         futures = client.describe_topics(TopicCollection(names), request_timeout=timeout_s)
         return {name: str(f.result(timeout=timeout_s).topic_id) for name, f in futures.items()}
     except (KafkaException, TimeoutError) as exc:
-        reason = exc.args[0] if exc.args else "timed out"
         raise BrokerUnavailableError(
-            f"could not describe the topics {names} on {bootstrap_servers}: {reason}; check the broker"
+            f"could not describe the topics {names} on {bootstrap_servers}: {_reason(exc)}; check the broker"
         ) from exc
 
 

@@ -213,13 +213,15 @@ class BatchProcessor:
         chosen = set(heavy)
         rest = [i for i in range(len(records)) if i not in chosen]
         waits = getattr(self.verifiers, "waits", None)
-        slow = [i for i in rest if waits is None or waits(records[i])]
+        slow: list[int] = []
+        fast: list[int] = []
+        for i in rest:
+            (slow if waits is None or waits(records[i]) else fast).append(i)
         out: list[Verdict | InvalidRecordError | None] = [None] * len(records)
         for i, verdict in zip(slow, self.pool.map(lambda i: self._judge(records[i]), slow), strict=True):
             out[i] = verdict
-        for i in rest:
-            if out[i] is None:
-                out[i] = self._judge(records[i])
+        for i in fast:
+            out[i] = self._judge(records[i])
         if pool is not None:
             for i, found in zip(heavy, pool.collect(futures, len(heavy)), strict=True):
                 out[i] = found if found is not None else self._judge(records[i])

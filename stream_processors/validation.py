@@ -50,9 +50,18 @@ def _unpack_int32(record: Mapping[str, Any], field: str) -> npt.NDArray[np.int32
         raise PackedBufferError(f"{field}: {exc}") from exc
 
 
+def _ids_in_range(tokens: npt.NDArray[np.int32]) -> bool:
+    """Every id in [0, MAX_TOKEN_ID), in one reduction: as uint32, a negative id wraps above 2**31."""
+    return not len(tokens) or int(tokens.view(np.uint32).max()) < MAX_TOKEN_ID
+
+
+def _all_finite(values: npt.NDArray[np.float32]) -> bool:
+    """No NaN or inf, in one reduction: they survive a float64 sum, which float32 values cannot overflow."""
+    return not len(values) or math.isfinite(float(values.sum(dtype=np.float64)))
+
+
 def _check_token_ids(tokens: npt.NDArray[np.int32], field: str) -> None:
-    # One reduction on the fast path: as uint32, a negative id wraps to >= 2**31 > MAX_TOKEN_ID.
-    if not len(tokens) or int(tokens.view(np.uint32).max()) < MAX_TOKEN_ID:
+    if _ids_in_range(tokens):
         return
     bad = (tokens < 0) | (tokens >= MAX_TOKEN_ID)
     if bad.any():
@@ -74,10 +83,7 @@ def values_ok(batch: Sequence[TokenArrays]) -> bool:
     if not batch:
         return True
     ids = np.concatenate([a for t in batch for a in (t.prompt_tokens, t.response_tokens)])
-    if len(ids) and int(ids.view(np.uint32).max()) >= MAX_TOKEN_ID:  # negatives wrap above 2**31
-        return False
-    logprobs = np.concatenate([t.response_logprobs for t in batch])
-    return not len(logprobs) or math.isfinite(float(logprobs.sum(dtype=np.float64)))
+    return _ids_in_range(ids) and _all_finite(np.concatenate([t.response_logprobs for t in batch]))
 
 
 def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
@@ -108,8 +114,7 @@ def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
             f"len(response_logprobs)={len(logprobs)} != len(response_tokens)={len(response)}: "
             "send one logprob per response token"
         )
-    # Fast path: NaN and inf survive a float64 sum, which float32 values cannot overflow.
-    if values and len(logprobs) and not math.isfinite(float(logprobs.sum(dtype=np.float64))):
+    if values and not _all_finite(logprobs):
         finite = np.isfinite(logprobs)
         bad = int(np.flatnonzero(~finite)[0])
         raise NonFiniteValueError(

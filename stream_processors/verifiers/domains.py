@@ -18,7 +18,7 @@ from schemas.domains import DomainRegistry, DomainSpec, default_domains
 from stream_processors.exceptions import DomainMismatchError, UnknownDomainError, UnknownTaskTypeError
 from stream_processors.sandbox import EMPTY, EnvironmentStore, Limits, Sandbox
 from stream_processors.verifiers.base import Verdict, Verifier
-from stream_processors.verifiers.code_tests import CodeTestsVerifier, SandboxedVerifier
+from stream_processors.verifiers.code_tests import CodeTestsVerifier
 from stream_processors.verifiers.exact_answer import ExactAnswerVerifier
 from stream_processors.verifiers.extraction import ExtractionVerifier
 from stream_processors.verifiers.field_match import FieldMatchVerifier
@@ -30,6 +30,8 @@ from stream_processors.verifiers.tool_use import ToolUseVerifier
 
 UNKNOWN_DOMAIN_POLICIES = ("dead-letter", "task-type")
 SANDBOXED = frozenset({"code_tests", "tool_use"})
+WAITING = SANDBOXED | {"math"}
+"""Verifiers whose judgement may wait on a child process: the sandbox, or math's symbolic helper."""
 LOOKUP_CACHE_SIZE = 4096
 """(domain, task_type) pairs whose verifier is remembered; past it, lookups are computed again."""
 _LIMIT_FIELDS = frozenset(f.name for f in dataclasses.fields(Limits))
@@ -149,10 +151,10 @@ class DomainVerifiers:
         precomputed rewards, records that will be dead letters) are cheaper judged in place.
         """
         try:
-            verifier, spec = self.lookup(record)
+            _, spec = self.lookup(record)
         except Exception:
             return False
-        return isinstance(verifier, SandboxedVerifier | MathVerifier) or spec.task_type in self.overrides
+        return spec.verifier in WAITING or spec.task_type in self.overrides
 
     def judge(self, record: Mapping[str, Any]) -> Verdict:
         """Look up and run the verifier, applying the domain's reward scale."""
