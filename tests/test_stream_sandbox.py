@@ -9,15 +9,18 @@ listener this test opened on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from stream_processors.sandbox import Limits, Sandbox, SandboxHostError
+from stream_processors.sandbox import Execution, Limits, Sandbox, SandboxHostError
+from stream_processors.sandbox.pids import PidsCgroup
 from stream_processors.verifiers import CodeTestsVerifier
 
 pytestmark = pytest.mark.timeout(120)
@@ -176,3 +179,53 @@ def test_the_sandbox_start_failure_is_a_host_error_never_a_verdict(tmp_path, hos
     broken.binary = "/bin/false"
     with pytest.raises(SandboxHostError, match="bwrap did not start"):
         broken.run(["python3", "-c", "pass"])
+
+
+def _host_ids(pid: int) -> dict[str, list[int]]:
+    """Uid, Gid and Groups of a process as the host sees them (/proc/<pid>/status)."""
+    fields: dict[str, list[int]] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Uid", "Gid", "Groups"):
+            fields[key] = [int(v) for v in value.split()]
+    return fields
+
+
+def _execution_processes(sandbox: Sandbox, timeout_s: float) -> dict[int, dict[str, list[int]]]:
+    """The host ids of every process in the sandbox's cgroups, once the code's interpreter runs.
+
+    (bwrap's own command line holds the code too: the interpreter is known by its argv[0].)
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = [pid for c in sandbox.cgroups.iterdir() if c.is_dir() for pid in PidsCgroup.existing(c).pids()]
+        seen = {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                seen[pid] = (Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0], _host_ids(pid))
+        if any(argv0 == sandbox.python.encode() for argv0, _ in seen.values()):
+            return {pid: ids for pid, (_, ids) in seen.items()}
+        time.sleep(0.02)
+    raise AssertionError(f"no sandboxed {sandbox.python} within {timeout_s} s")
+
+
+def test_sandboxed_processes_are_an_unprivileged_user_on_the_host(sandbox, host):
+    """Seen from the host, every process of an execution is the sandbox's host id, with no group."""
+    expected = sandbox.host_id
+    if os.geteuid() == 0:
+        assert expected is not None and expected > 0, "a root worker must run the sandbox as another uid"
+    else:
+        expected = os.geteuid()
+    code = "import time\nprint(open('/proc/self/uid_map').read(), flush=True)\ntime.sleep(3)\n"
+    results: list[Execution] = []
+    runner = threading.Thread(target=lambda: results.append(sandbox.run(["python3", "-c", code])))
+    runner.start()
+    try:
+        processes = _execution_processes(sandbox, timeout_s=10)
+    finally:
+        runner.join()
+    assert results and results[0].ok and "65534" in results[0].stdout, results
+    assert len(processes) >= 3, processes  # bwrap outside, bwrap as the sandbox's pid 1, the code
+    for pid, ids in processes.items():
+        assert ids["Uid"] == [expected] * 4 and ids["Uid"][0] != 0, (pid, ids)
+        assert ids["Gid"] == [expected] * 4 and ids["Groups"] == [], (pid, ids)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from stream_processors.sandbox import EnvironmentStore, Limits, Sandbox, SandboxUnavailableError
+from stream_processors.sandbox import EnvironmentStore, Limits, Sandbox, SandboxUnavailableError, privileges
 from stream_processors.sandbox import bwrap as bwrap_module
 from stream_processors.verifiers import CodeTestsVerifier
 
@@ -29,6 +31,7 @@ def test_code_sees_its_environment_read_only(tmp_path):
     source = tmp_path / "src"
     (source / "helpers").mkdir(parents=True)
     (source / "helpers" / "__init__.py").write_text("ANSWER = 42\n")
+    (source / "helpers" / "__init__.py").chmod(0o600)  # the sandbox's id may be another than ours
     environment = EnvironmentStore(tmp_path / "store").add("helpers-env", [source])
     sandbox = Sandbox(tmp_path / "work")
     code = "from helpers import ANSWER\n"
@@ -37,9 +40,13 @@ def test_code_sees_its_environment_read_only(tmp_path):
         "def test_read_only():\n    try:\n        open('/env/helpers/x', 'w')\n    except OSError:\n        return\n"
         "    raise AssertionError('the environment is writable')\n"
     )
-    verdict = CodeTestsVerifier(sandbox, environment=environment, limits=Limits()).verify(
-        {"trajectory_id": "t", "response_text": code, "unit_tests": tests}
-    )
+    umask = os.umask(0o077)  # nor may a worker's umask hide the task's files from it
+    try:
+        verdict = CodeTestsVerifier(sandbox, environment=environment, limits=Limits()).verify(
+            {"trajectory_id": "t", "response_text": code, "unit_tests": tests}
+        )
+    finally:
+        os.umask(umask)
     assert verdict.status == "ok", verdict.detail
     assert verdict.executions[0].environment_id == environment.id
 
@@ -59,6 +66,46 @@ def test_a_broken_bwrap_fails_the_start_up_check_naming_the_cause(tmp_path):
     sandbox.binary = "/bin/false"
     with pytest.raises(SandboxUnavailableError, match=r"cannot start on this host.*user namespaces"):
         sandbox.check()
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker drops to another id")
+
+
+@root_only
+@pytest.mark.parametrize("step", ["stage", "drop"])
+def test_a_root_worker_that_cannot_drop_to_its_host_id_refuses_to_start(step, monkeypatch, tmp_path):
+    def refused(*_args: object) -> None:
+        raise PermissionError(1, "Operation not permitted (simulated)")
+
+    if step == "stage":
+        monkeypatch.setattr(privileges.Staging, "enter", refused)
+    else:
+        monkeypatch.setattr("stream_processors.sandbox.sandbox.drop_privileges", refused)
+    sandbox = Sandbox(tmp_path)
+    assert sandbox.host_id == privileges.DEFAULT_HOST_ID
+    with pytest.raises(SandboxUnavailableError, match=r"cannot run as uid 2147480000.*simulated") as caught:
+        sandbox.check()
+    assert "CAP_SYS_ADMIN" in str(caught.value) and privileges.AS_ROOT_VARIABLE in str(caught.value)
+
+
+@root_only
+def test_the_host_id_is_configurable_and_root_only_by_explicit_opt_out(monkeypatch, tmp_path):
+    monkeypatch.setenv(privileges.HOST_ID_VARIABLE, "2147480123")
+    assert privileges.host_id() == 2147480123
+    for bad in ("0", "-5", "nobody", str(2**32 - 1)):
+        monkeypatch.setenv(privileges.HOST_ID_VARIABLE, bad)
+        with pytest.raises(SandboxUnavailableError, match=privileges.HOST_ID_VARIABLE):
+            Sandbox(tmp_path)
+    monkeypatch.setenv(privileges.AS_ROOT_VARIABLE, "1")
+    sandbox = Sandbox(tmp_path)
+    assert sandbox.host_id is None
+    sandbox.check()
+
+
+def test_a_worker_that_is_not_root_keeps_its_own_id(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv(privileges.HOST_ID_VARIABLE, "2147480123")
+    assert privileges.host_id() is None
 
 
 def test_limits_are_validated_and_overridden_by_name():

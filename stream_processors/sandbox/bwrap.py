@@ -6,11 +6,13 @@ size-capped tmpfs (/work, its working directory, and /tmp) as the only writable 
 root is remounted read-only, there is no home, no network (a new, empty network namespace) and
 no inherited environment variable. The code runs as an unprivileged id (SANDBOX_UID, nobody) of
 its own user namespace with every capability dropped, so it is no root even inside the sandbox:
-it cannot remount, change what it may read, or keep a capability across an exec. Its id still
-maps to the worker's own user outside (root when the worker runs as root), and the kernel grants
-the owner of /proc/sys and /proc/sysrq-trigger writes by that outside id alone, without any
-capability: so those (READ_ONLY_PROC) are bound read-only over the fresh /proc, as container
-runtimes do; without that, code under test could set the host's kernel.core_pattern.
+it cannot remount, change what it may read, or keep a capability across an exec. Outside, that
+id is whoever ran bwrap: the worker's own user or, when the worker is root, the unprivileged host
+id of privileges.py (so an escape would land as that id, not as root). The kernel lets the owner
+of /proc/sys and /proc/sysrq-trigger write them by that outside id alone, without a capability,
+so those (READ_ONLY_PROC) are bound read-only over the fresh /proc, as container runtimes do:
+without that, code run as root outside (ROLLSTREAM_SANDBOX_AS_ROOT=1) could set the host's
+kernel.core_pattern.
 """
 
 from __future__ import annotations
@@ -67,11 +69,15 @@ def bwrap_argv(
     env_dir: Path | None,
     limits: Limits,
     python_prefix: str,
+    python_source: str | None = None,
     command: list[str],
     env: dict[str, str],
     status_fd: int,
 ) -> list[str]:
-    """The full argv: bwrap's options, then the command run inside."""
+    """The full argv: bwrap's options, then the command run inside.
+
+    The interpreter's prefix is bound at its own path, from `python_source` when it was staged.
+    """
     argv = [
         binary,
         "--unshare-all",
@@ -91,7 +97,7 @@ def bwrap_argv(
     for path in SYSTEM_DIRS:
         argv += ["--ro-bind-try", path, path]
     if not python_prefix.startswith(SYSTEM_DIRS):
-        argv += ["--ro-bind", python_prefix, python_prefix]
+        argv += ["--ro-bind", python_source or python_prefix, python_prefix]
     argv += ["--proc", "/proc"]
     for path in READ_ONLY_PROC:
         argv += ["--ro-bind-try", path, path]

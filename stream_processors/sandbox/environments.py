@@ -77,9 +77,11 @@ class EnvironmentStore:
                 shutil.rmtree(staging)
             else:
                 staging.rename(target)
-                for path in target.rglob("*"):
+                for path in target.rglob("*"):  # readable by the sandbox's id, whoever that is
                     if path.is_dir():
                         path.chmod(0o755)
+                    elif path.is_file() and not path.is_symlink():
+                        path.chmod(path.stat().st_mode | 0o444)
         finally:
             if staging.exists():
                 shutil.rmtree(staging)

@@ -16,7 +16,9 @@ class Limits:
         cpu_s: CPU seconds (RLIMIT_CPU, per process; SIGXCPU, then SIGKILL one second later).
         wall_s: wall-clock seconds before the whole process tree is killed.
         memory_bytes: address space per process (RLIMIT_AS).
-        processes: most processes at once (a pids cgroup; RLIMIT_NPROC does not bind root).
+        processes: most processes at once (a pids cgroup per execution; RLIMIT_NPROC, left as
+            the worker's, counts all processes of one host uid: it never binds root, and binds
+            a root worker's sandbox id across all its executions at once).
         open_files: file descriptors per process (RLIMIT_NOFILE).
         file_bytes: largest file a process may write (RLIMIT_FSIZE).
         tmpfs_bytes: size of each private writable tmpfs (/work and /tmp).

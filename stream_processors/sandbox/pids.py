@@ -1,9 +1,11 @@
 """A pids cgroup per execution: the process-count limit that also binds root, and a sure kill.
 
-RLIMIT_NPROC counts per real user and does not bind uid 0 (nor a user namespace mapped to it), so
-the process limit is a cgroup's ``pids.max``. Both cgroup v1 (a ``pids`` hierarchy) and v2 (the
-unified hierarchy with the pids controller enabled) are supported. Every process of an execution
-lives in its cgroup, so killing what it lists leaves nothing behind.
+RLIMIT_NPROC counts per real user: it does not bind uid 0 (a worker that runs the sandbox as
+root, ROLLSTREAM_SANDBOX_AS_ROOT=1), and for any other id it counts every execution of that id at
+once, not one execution. So the process limit is a cgroup's ``pids.max``. Both cgroup v1 (a
+``pids`` hierarchy) and v2 (the unified hierarchy with the pids controller enabled) are
+supported. Every process of an execution lives in its cgroup, so killing what it lists leaves
+nothing behind.
 """
 
 from __future__ import annotations

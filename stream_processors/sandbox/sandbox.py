@@ -1,10 +1,11 @@
 """Run untrusted code in bubblewrap with limits, and report what happened (never run it bare).
 
 One `Sandbox.run` is one execution: the task's files are written to a fresh host directory
-(bound read-only at /task), bwrap starts in a new session with the rlimits set and inside its
-own pids cgroup, stdout and stderr are read with a cap, and the whole tree is killed at the wall
-deadline. The result says how it ended; an ending caused by the host (bwrap did not start, the
-OOM killer) raises `SandboxHostError` instead, since it says nothing about the code.
+(bound read-only at /task), bwrap starts in a new session with the rlimits set, inside its own
+pids cgroup and, when the worker is root, as an unprivileged host id (privileges.py); stdout and
+stderr are read with a cap, and the whole tree is killed at the wall deadline. The result says
+how it ended; an ending caused by the host (bwrap did not start, the OOM killer) raises
+`SandboxHostError` instead, since it says nothing about the code.
 """
 
 from __future__ import annotations
@@ -19,18 +20,33 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import psutil
 
-from stream_processors.sandbox.bwrap import ENV_DIR, TASK_DIR, bwrap_argv, bwrap_binary, interpreter
+from stream_processors.sandbox.bwrap import (
+    ENV_DIR,
+    SYSTEM_DIRS,
+    TASK_DIR,
+    bwrap_argv,
+    bwrap_binary,
+    interpreter,
+)
 from stream_processors.sandbox.environments import Environment
 from stream_processors.sandbox.exceptions import SandboxHostError, SandboxUnavailableError
 from stream_processors.sandbox.limits import Limits, apply_rlimits
 from stream_processors.sandbox.pids import PidsCgroup, pids_root
+from stream_processors.sandbox.privileges import (
+    AS_ROOT_VARIABLE,
+    Paths,
+    Staging,
+    drop_privileges,
+    fail_in_child,
+    host_id,
+)
 
 Outcome = Literal["exited", "timeout", "cpu_limit", "memory_limit", "process_limit", "file_limit", "signaled"]
 
@@ -143,6 +159,10 @@ class Sandbox:
         limits: default limits; `run` may pass others.
         min_free_memory_bytes: below this much available host memory an execution does not
             start (SandboxHostError), so a short host never turns into a failed verdict.
+
+    Attributes:
+        host_id: the uid and gid bwrap and the code run as on the host when the worker is root
+            (`privileges.host_id()`); None when it runs as the worker itself.
     """
 
     def __init__(
@@ -158,6 +178,7 @@ class Sandbox:
         self.min_free_memory_bytes = min_free_memory_bytes
         self.binary = bwrap_binary()
         self.python, self.python_prefix = interpreter()
+        self.host_id = host_id()
         shared = pids_root()
         _remove_stale(shared, self.work_root)
         self.cgroups = shared / f"worker-{os.getpid()}"
@@ -171,7 +192,8 @@ class Sandbox:
             raise SandboxUnavailableError(
                 f"the sandbox cannot start on this host: {exc}. Check that user namespaces are "
                 "enabled (sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 "
-                "on Debian) and that the worker may create cgroups; see docs/sandbox.md"
+                f"on Debian) and that the worker may create cgroups{self._start_up_hint()}; see "
+                "docs/sandbox.md"
             ) from exc
         if not result.ok:
             raise SandboxUnavailableError(
@@ -179,6 +201,17 @@ class Sandbox:
                 f"{result.exit_code}: {result.stderr[-500:]!r}; see docs/sandbox.md"
             )
         return result
+
+    def _start_up_hint(self) -> str:
+        """What the start-up error adds when bwrap runs as another uid than the worker's."""
+        if self.host_id is None:
+            return ""
+        return (
+            f". bwrap runs as uid {self.host_id} here (the worker is root): unprivileged user "
+            "namespaces must be allowed for it, and the worker needs CAP_SYS_ADMIN to give it a "
+            f"mount namespace of its own; {AS_ROOT_VARIABLE}=1 opts out (the code then runs as "
+            "root outside its namespace)"
+        )
 
     def run(
         self,
@@ -203,13 +236,15 @@ class Sandbox:
             )
         run_id = f"{os.getpid()}-{uuid.uuid4().hex}"
         task_dir = self.work_root / run_id
-        task_dir.mkdir(mode=0o755)
+        task_dir.mkdir()
         try:
+            task_dir.chmod(0o755)  # whatever the umask: the sandbox's id may be another than ours
             for name, content in (files or {}).items():
                 target = task_dir / name
                 if target.parent != task_dir:
                     raise ValueError(f"file name {name!r} must be a plain name")
                 target.write_bytes(content.encode() if isinstance(content, str) else content)
+                target.chmod(0o644)
             return self._run(command, task_dir, run_id, environment, limits, stdin)
         finally:
             shutil.rmtree(task_dir, ignore_errors=True)
@@ -235,21 +270,26 @@ class Sandbox:
             os.close(status_read)
             os.close(status_write)
             raise SandboxHostError(f"cannot create the pids cgroup of an execution: {exc}") from exc
+        paths = Paths(
+            binary=self.binary,
+            python=self.python_prefix,
+            task=str(task_dir),
+            env=str(environment.path) if environment is not None else None,
+        )
+        drop = None if self.host_id is None else (self.host_id, Staging.of(paths, SYSTEM_DIRS))
+        if drop is not None:
+            paths = drop[1].paths
         argv = bwrap_argv(
-            self.binary,
-            task_dir=task_dir,
-            env_dir=environment.path if environment is not None else None,
+            paths.binary,
+            task_dir=Path(paths.task),
+            env_dir=Path(paths.env) if paths.env is not None else None,
             limits=limits,
             python_prefix=self.python_prefix,
+            python_source=paths.python,
             command=argv_command,
             env=env,
             status_fd=status_write,
         )
-
-        def preexec() -> None:  # between fork and exec: no imports, no locks
-            cgroup.join()
-            apply_rlimits(limits)
-
         oom_before = _oom_kills()
         start = time.monotonic()
         try:
@@ -261,10 +301,10 @@ class Sandbox:
                 pass_fds=(status_write,),
                 env={},  # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1
                 start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=_child_setup(cgroup, limits, drop),
                 close_fds=True,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # the latter: the child setup raised
             os.close(status_read)
             os.close(status_write)
             cgroup.destroy()
@@ -394,6 +434,26 @@ class Sandbox:
             limits=limits,
             environment_id=environment.id if environment is not None else "",
         )
+
+
+def _child_setup(cgroup: PidsCgroup, limits: Limits, drop: tuple[int, Staging] | None) -> Callable[[], None]:
+    """What the child does between fork and exec (no imports, no locks): join the cgroup, set the
+    rlimits and, given `drop` (host id, staging), first stage bwrap's binds and last become that id."""
+
+    def setup() -> None:
+        cgroup.join()
+        if drop is None:
+            apply_rlimits(limits)
+            return
+        uid, staging = drop
+        try:
+            staging.enter()
+            apply_rlimits(limits)
+            drop_privileges(uid)
+        except Exception as exc:  # never exec bwrap as root: end here, saying why
+            fail_in_child(f"cannot run as uid {uid}: {exc}")
+
+    return setup
 
 
 def _alive(pid: str) -> bool:
