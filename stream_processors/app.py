@@ -207,7 +207,7 @@ def create_app(
         domain_decay, domain_warmup: per-domain running statistics (domain_stats.py).
         commit_bytes, commit_interval_s: a commit is made once the decided rows hold this many
             message bytes, or once the oldest waited this long; when the lanes are caught up
-            (their last batches were not full), once the oldest waited 0.25 s.
+            (less than a batch waits behind their last batches), once the oldest waited 0.25 s.
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet committed): above it fetching rollouts.raw pauses, and resumes at half. The
             intake adds one batch read ahead and librdkafka's prefetch queue (64 MiB per lane).
@@ -441,7 +441,7 @@ def create_app(
     caught_up = {"raw": True, "ultra": True}
     judging = {"raw": False, "ultra": False}
 
-    def accept(lane: Lane, judged: JudgedBatch, taken: Taken, full: bool) -> BatchStats:
+    def accept(lane: Lane, judged: JudgedBatch, taken: Taken, keeping_up: bool) -> BatchStats:
         """In the sink thread: accept the part of a batch whose partitions were not revoked meanwhile."""
         generations = taken.generations
 
@@ -450,7 +450,7 @@ def create_app(
 
         if not all(lane.intake.current(tp, g) for tp, g in generations.items()):
             judged = judged.only(current)
-        return stage.accept(judged, caught_up=not full)
+        return stage.accept(judged, caught_up=keeping_up)
 
     async def run_lane(lane: Lane) -> None:
         """Read batch N+1 and judge batch N in the lane's threads while the sink thread accepts batch N-1."""
@@ -495,10 +495,10 @@ def create_app(
                         judging[lane.name] = False
                     if in_flight is not None:
                         cancelled = await settle(in_flight) or cancelled
-                    full = len(taken.messages) >= size
-                    caught_up[lane.name] = not full
+                    keeping_up = taken.caught_up(size)
+                    caught_up[lane.name] = keeping_up
                     in_flight = loop.run_in_executor(
-                        sink_thread, with_safe(functools.partial(accept, lane, judged, taken, full))
+                        sink_thread, with_safe(functools.partial(accept, lane, judged, taken, keeping_up))
                     )
                     in_flight.add_done_callback(crash_on_failure)
                 except Exception as exc:

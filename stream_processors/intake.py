@@ -32,11 +32,21 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Taken:
-    """One batch from `Intake.take`: its messages and, per partition, the generation it was read in."""
+    """One batch from `Intake.take`: its messages, per partition the generation it was read in, and
+    `behind`: how many messages the assigned partitions held past the batch when it was taken
+    (from the high watermarks of the last fetches; None when librdkafka knows none yet)."""
 
     messages: list[SourceMessage] = field(default_factory=list)
     generations: dict[TopicPartition, int] = field(default_factory=dict)
     nbytes: int = 0
+    behind: int | None = None
+
+    def caught_up(self, size: int) -> bool:
+        """True when the reader keeps up: less than a batch of `size` waits behind this one
+        (or, with no watermark known yet, the batch was not full)."""
+        if self.behind is not None:
+            return self.behind < size
+        return len(self.messages) < size
 
 
 class Intake:
@@ -111,6 +121,7 @@ class Intake:
             for m in out.messages:
                 tp = (m.coordinates.topic, m.coordinates.partition)
                 out.generations[tp] = self._generation.get(tp, 0)
+        out.behind = self._behind(consumer)
         return out
 
     def close(self) -> None:
@@ -172,6 +183,21 @@ class Intake:
         if self._consumer is None:
             raise RuntimeError("Intake.take before Intake.subscribe (or after close)")
         return self._consumer
+
+    def _behind(self, consumer: Consumer) -> int | None:
+        """Messages past the consumer's position in its assigned partitions, by the high watermarks
+        of the last fetch responses (cached by librdkafka: no request to the broker)."""
+        with self._lock:
+            assigned = [KafkaPartition(t, p) for t, p in self._assigned]
+        if not assigned:
+            return None
+        total = 0
+        for position in consumer.position(assigned):
+            _, high = consumer.get_watermark_offsets(position, cached=True)
+            if high < 0 or position.offset < 0:
+                return None  # not fetched yet
+            total += max(0, high - position.offset)
+        return total
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():

@@ -80,6 +80,7 @@ class TxnTable:
         partition_by: Delta partition columns.
         storage_options: passed through to deltalake for object stores.
         commit_retries: how often to reload and retry after a concurrent commit.
+        writer_properties: Parquet settings of the written files; default ZSTD.
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class TxnTable:
         partition_by: Sequence[str] | None = None,
         storage_options: Mapping[str, str] | None = None,
         commit_retries: int = 5,
+        writer_properties: WriterProperties | None = None,
     ) -> None:
         self.uri = uri
         self.app_id = app_id
@@ -97,7 +99,7 @@ class TxnTable:
         self.storage_options = dict(storage_options) if storage_options else None
         self.commit_retries = commit_retries
         self._table: DeltaTable | None = None
-        self._writer_properties = WriterProperties(compression="ZSTD")
+        self._writer_properties = writer_properties or WriterProperties(compression="ZSTD")
 
     def refresh(self) -> DeltaTable | None:
         """The table at its newest version, or None before the first write; raises SinkError."""

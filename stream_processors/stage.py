@@ -84,8 +84,9 @@ class Stage:
         decay, warmup: domain statistics settings (domain_stats.py).
         commit_bytes: commit the outbox once its messages hold this many bytes.
         commit_interval_s: commit the outbox once its oldest row waited this long.
-        idle_commit_s: when a lane is caught up (its batch was not full), commit once the oldest
-            row waited this long instead: latency matters more than file size then.
+        idle_commit_s: when the lanes are caught up (less than a batch waits behind their last
+            batches), commit once the oldest row waited this long instead: latency matters more
+            than file size then.
         write_retries, retry_backoff_s: retries of a failing write before the worker stops.
         dedup_window: offsets per partition within which a re-sent trajectory is recognised as a
             duplicate (dedup.py); 0 turns the rule off.
