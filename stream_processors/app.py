@@ -281,6 +281,7 @@ def create_app(
         commit_bytes=commit_bytes,
         commit_interval_s=commit_interval_s,
         write_retries=write_retries,
+        background_commits=True,
     )
     if isinstance(stage.processor.verifiers, DomainVerifiers) and stage.processor.verifiers.needs_sandbox:
         stage.processor.verifiers.sandbox  # noqa: B018 (checked at start-up: fail loudly, never unsandboxed)

@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -63,6 +64,16 @@ class BatchStats:
     duplicates: int = 0
 
 
+@dataclass(slots=True)
+class _Commit:
+    """A commit of the outbox under way in the committer thread: what it stores once it succeeds."""
+
+    future: Future[int]
+    coordinates: list[Coordinates]
+    states: dict[TopicPartition, PartitionState]
+    rows: int
+
+
 DUPLICATE = "duplicate"
 """The error_type of a re-sent trajectory's dead letter (dedup.py)."""
 
@@ -90,6 +101,10 @@ class Stage:
         write_retries, retry_backoff_s: retries of a failing write before the worker stops.
         dedup_window: offsets per partition within which a re-sent trajectory is recognised as a
             duplicate (dedup.py); 0 turns the rule off.
+        background_commits: a due outbox is written by a committer thread while `accept` goes on
+            with the next batches (one commit at a time; its rows stay unsafe until it is stored,
+            and `accept`, `tick` and `flush` report its rows once it is). False writes it in the
+            calling thread, before returning.
     """
 
     def __init__(
@@ -109,6 +124,7 @@ class Stage:
         write_retries: int = 5,
         retry_backoff_s: float = 0.5,
         dedup_window: int = DEFAULT_WINDOW,
+        background_commits: bool = False,
     ) -> None:
         self.processor = processor
         self.sink = sink
@@ -131,6 +147,12 @@ class Stage:
         self._outbox_since: float | None = None
         self._revoked: set[TopicPartition] = set()
         self._lock = threading.Lock()
+        self._committer = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-commit")
+            if background_commits
+            else None
+        )
+        self._committing: _Commit | None = None
 
     # -- startup ---------------------------------------------------------------------------------
 
@@ -176,12 +198,16 @@ class Stage:
                 batch = _without(batch, self._revoked)
             # A partition first seen since start or since its assignment: read its newest state,
             # since another worker of the group may have written it after our start-up load.
-            fresh = {(c.topic, c.partition) for c in batch.coordinates} - set(self._seen)
+            touched = {(c.topic, c.partition) for c in batch.coordinates}
+            fresh = touched - set(self._seen)
+            settled = 0
+            if fresh or any(tp not in self.recent for tp in touched):
+                settled = self._settle(wait=True)  # the table is read below: no commit under way
             if fresh:
                 self.state.drop(fresh)
                 self.state.load(self.sink.table, fresh)
                 self.recent.drop(fresh)
-            for tp in {(c.topic, c.partition) for c in batch.coordinates}:
+            for tp in touched:
                 if tp not in self.recent:
                     self.recent.load(self.sink.table, tp, self.state.partition(tp).next)
             samples, duplicates = self._deduplicate(batch)
@@ -204,7 +230,7 @@ class Stage:
                 tp = (c.topic, c.partition)
                 if c.offset > self._seen.get(tp, -1):
                     self._seen[tp] = c.offset
-            rows = self._maybe_commit(now, caught_up=caught_up)
+            rows = settled + self._maybe_commit(now, caught_up=caught_up)
             return BatchStats(
                 records_in=len(batch.coordinates),
                 rows_written=rows,
@@ -265,7 +291,8 @@ class Stage:
         """Per partition, the offset below which every message is stored (a row or a dead letter)."""
         with self._lock:
             safe = {tp: seen + 1 for tp, seen in self._seen.items()}
-            for c in (*self._pending, *self._outbox_coords):
+            committing = self._committing.coordinates if self._committing is not None else ()
+            for c in (*self._pending, *self._outbox_coords, *committing):
                 tp = (c.topic, c.partition)
                 if c.offset < safe.get(tp, c.offset + 1):
                     safe[tp] = c.offset
@@ -353,13 +380,21 @@ class Stage:
             self._outbox_since = now
 
     def _maybe_commit(self, now: float, *, caught_up: bool = False) -> int:
-        if not self._outbox:
-            return 0
+        """Commit a due outbox (in the committer thread with background commits); returns the
+        rows stored meanwhile."""
+        settled = self._settle(wait=False)
+        if not self._outbox or self._committing is not None:
+            return settled
         wait = self.idle_commit_s if caught_up else self.commit_interval_s
         aged = self._outbox_since is not None and now - self._outbox_since >= wait
-        if aged or self._outbox_bytes >= self.commit_bytes:
-            return self._commit()
-        return 0
+        if not (aged or self._outbox_bytes >= self.commit_bytes):
+            return settled
+        if self._committer is None:
+            return settled + self._commit()
+        write, states, coordinates = self._prepare()
+        self._clear_outbox()
+        self._committing = _Commit(self._committer.submit(write), coordinates, states, len(coordinates))
+        return settled
 
     def _next_states(self) -> dict[TopicPartition, PartitionState]:
         """The state of every partition consumed since start, as it will be once the outbox is committed.
@@ -386,26 +421,63 @@ class Stage:
         return out
 
     def _commit(self) -> int:
+        """Wait for a commit under way, then commit the outbox in this thread; returns rows stored."""
+        settled = self._settle(wait=True)
         if not self._outbox:
-            return 0
-        rows, coords = self._outbox, self._outbox_coords
+            return settled
+        write, states, coordinates = self._prepare()
+        self._store(write(), states)
+        self._clear_outbox()  # only now: after a failed write the outbox is still whole
+        return settled + len(coordinates)
+
+    def _prepare(
+        self,
+    ) -> tuple[Callable[[], int], dict[TopicPartition, PartitionState], list[Coordinates]]:
+        """One commit of the outbox: the write (rows, txn versions and state as they are now), the
+        partition states it stores, and the rows' coordinates.
+
+        The state's metadata is serialized here, so groups decided while the write runs belong
+        to the next commit; the rows' table is built by the write.
+        """
+        rows, coordinates = self._outbox, self._outbox_coords
         states = self._next_states()
-        data = trajectories_table(rows, coords, datetime.now(UTC), self.sink.profile_id)
         candidate = SinkState(
             self.state.app_id, self.state.decay, self.state.warmup, states, dict(self.state.topic_ids)
         )
         metadata = candidate.metadata(self.sink.profile_id)
-
+        versions = candidate.versions()
         expected = {tp: self.state.partitions[tp].next - 1 for tp in states}
+        ingested_at, profile_id = datetime.now(UTC), self.sink.profile_id
 
         def write() -> int:
-            return self.sink.table.commit(data, candidate.versions(), metadata, expected=expected)
+            data = trajectories_table(rows, coordinates, ingested_at, profile_id)
+            return self._retrying(
+                "trajectories", lambda: self.sink.table.commit(data, versions, metadata, expected=expected)
+            )
 
-        version = self._retrying("trajectories", write)
+        return write, states, coordinates
+
+    def _clear_outbox(self) -> None:
+        self._outbox, self._outbox_coords, self._outbox_bytes, self._outbox_since = [], [], 0, None
+
+    def _store(self, version: int, states: Mapping[TopicPartition, PartitionState]) -> None:
+        """A commit succeeded: its partition states are the stored ones."""
         self.state.partitions.update(states)
         self.state.last_version = version
-        self._outbox, self._outbox_coords, self._outbox_bytes, self._outbox_since = [], [], 0, None
-        return len(rows)
+
+    def _settle(self, *, wait: bool) -> int:
+        """Take in the commit under way once it is done (waiting for it if `wait`); returns its rows.
+
+        Raises what the write raised (SinkError after its retries): the worker then stops, and the
+        commit stays unsettled, so its rows never count as safe.
+        """
+        job = self._committing
+        if job is None or not (wait or job.future.done()):
+            return 0
+        version = job.future.result()
+        self._committing = None
+        self._store(version, job.states)
+        return job.rows
 
     def _retrying(self, what: str, write: Callable[[], int]) -> int:
         delay = self.retry_backoff_s

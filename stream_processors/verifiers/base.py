@@ -41,6 +41,22 @@ class Verdict:
     reward_components: Mapping[str, float] = field(default_factory=dict)
     executions: tuple[Execution, ...] = ()
 
+    def __reduce__(self) -> tuple[type[Verdict], tuple[Any, ...]]:
+        """Pickled as its constructor's arguments: the verifier pool returns thousands a second, and
+        the default for a frozen slots dataclass looks up its fields once per object."""
+        return (
+            Verdict,
+            (
+                self.reward,
+                self.status,
+                self.verifier,
+                self.detail,
+                self.verifier_version,
+                self.reward_components,
+                self.executions,
+            ),
+        )
+
 
 class Verifier(ABC):
     """Judges trajectories of one task family; subclasses set `name`, `version` and `verify`.
