@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import zlib
 
 import numpy as np
@@ -16,6 +17,7 @@ from schemas import TrajectoryCodec
 from stream_processors import BatchProcessor, Coordinates, DeadLetters, DeltaSink, SourceMessage, Stage
 from stream_processors.advantages import GroupNormalization, Member, OverlongPenalty, decide_group
 from stream_processors.domain_stats import DomainStats, RunningStats, merge
+from stream_processors.exceptions import SinkError
 from stream_processors.groups import GroupBuffer
 from stream_processors.offsets import TxnTable, legacy_txn_app_id, txn_app_id
 from stream_processors.state import STATE_KEY, stored_partitions
@@ -353,3 +355,48 @@ def test_the_timer_releases_a_timed_out_group_and_commits_it(tmp_path):
     assert stage.safe_offsets()[("raw", 0)] == 14
     frame = pl.read_delta(str(tmp_path / "t"))
     assert frame.filter(pl.col("offset") >= 8)["group_status"].unique().to_list() == ["timed_out"]
+
+
+def test_a_background_commit_keeps_its_rows_unsafe_until_stored_and_a_failed_one_stops_the_stage(tmp_path):
+    codec = TrajectoryCodec()
+    records = list(without_code(SyntheticFleet(seed=5, group_size=4).trajectories(16)))
+    messages = [SourceMessage(Coordinates("raw", 0, i), None, codec.encode(r)) for i, r in enumerate(records)]
+    stage = _stage(tmp_path, background_commits=True, write_retries=0)
+    table = stage.sink.table
+    real_commit = table.commit
+    release, entered = threading.Event(), threading.Event()
+    failing = {"now": False}
+
+    def held_commit(*args, **kwargs):
+        entered.set()
+        assert release.wait(30)
+        if failing["now"]:
+            raise SinkError("the disk is gone")
+        return real_commit(*args, **kwargs)
+
+    table.commit = held_commit  # type: ignore[method-assign]
+    t = 1000.0
+    first = stage.accept(stage.judge(messages[:8]), now=t, caught_up=True)
+    assert first.rows_written == 0 and stage.tick(t + 1, caught_up=True) == 0
+    assert entered.wait(30)  # the committer holds the 8 rows of the first two groups
+    assert stage.safe_offsets()[("raw", 0)] == 0, "rows of a commit under way counted as safe"
+    second = stage.accept(stage.judge(messages[8:]), now=t + 1.1, caught_up=True)  # accepted meanwhile
+    assert second.records_in == 8 and second.rows_written == 0
+    assert not DeltaTable.is_deltatable(str(tmp_path / "trajectories"))
+    release.set()
+    assert stage.flush() == 16  # settles the first commit, then commits the other 8 itself
+    assert stage.safe_offsets()[("raw", 0)] == 16
+    assert pl.read_delta(str(tmp_path / "trajectories")).height == 16
+
+    failing["now"], release = True, threading.Event()
+    entered.clear()
+    more = list(without_code(SyntheticFleet(seed=6, group_size=4).trajectories(4)))
+    extra = [SourceMessage(Coordinates("raw", 0, 16 + i), None, codec.encode(r)) for i, r in enumerate(more)]
+    stage.accept(stage.judge(extra), now=t + 10, caught_up=True)
+    stage.tick(t + 11, caught_up=True)
+    assert entered.wait(30)
+    release.set()
+    with pytest.raises(SinkError, match="the disk is gone"):
+        stage.flush()
+    assert stage.safe_offsets()[("raw", 0)] == 16, "a failed commit's rows counted as safe"
+    assert pl.read_delta(str(tmp_path / "trajectories")).height == 16
