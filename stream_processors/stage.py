@@ -16,7 +16,9 @@ Steps of `accept`:
      outbox;
   3. release the groups the timeout rule decides;
   4. commit the outbox when it holds `commit_bytes` or is `commit_interval_s` old: the rows, the
-     txn versions and the state (state.py) in one Delta commit.
+     txn versions and the state (state.py) in one Delta commit. With `background_commits` (the
+     worker's setting) a committer thread writes it while the next batches are accepted, one
+     commit at a time; its rows count as safe only once it is stored.
 A failing write is retried with backoff (`write_retries` times). A failure of the host while
 judging (TransientScoringError, raised by the processor) propagates: the worker stops unacked.
 See docs/operations.md for recovery.
