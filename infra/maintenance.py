@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, WriterProperties
 from deltalake.exceptions import DeltaError
 
 from infra.exceptions import InfraError
@@ -62,6 +62,7 @@ def maintain_table(
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     target_file_mb: int = 128,
     storage_options: Mapping[str, str] | None = None,
+    writer_properties: WriterProperties | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> MaintenanceReport:
     """Compact, checkpoint and vacuum one Delta table, in that order.
@@ -75,6 +76,8 @@ def maintain_table(
         retention_hours: how far back versions stay readable (time travel) after a vacuum.
         target_file_mb: compaction's target file size.
         storage_options: deltalake options for object stores.
+        writer_properties: Parquet settings of the compacted files (the table writer's own, so
+            compaction keeps its encodings); default deltalake's.
         progress: receives one line per step.
     """
     options = dict(storage_options) if storage_options else None
@@ -86,7 +89,9 @@ def maintain_table(
     try:
         if compact:
             progress(f"{uri}: compacting {report.files_before} files")
-            report.compaction = table.optimize.compact(target_size=target_file_mb * 1024 * 1024)
+            report.compaction = table.optimize.compact(
+                target_size=target_file_mb * 1024 * 1024, writer_properties=writer_properties
+            )
             table.update_incremental()
         if checkpoint:
             progress(f"{uri}: checkpointing version {table.version()}")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from stream_support import (
@@ -135,6 +136,13 @@ def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
     assert reports["trajectories"]["checkpointed"]
     table = DeltaTable(str(traj))
     assert len(table.file_uris()) < files_before  # compaction merged small files
+    for uri in table.file_uris():  # rewritten with the writer's settings: no dictionary on token ids
+        chunk = pq.ParquetFile(uri).metadata.row_group(0)
+        encodings = {
+            chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(chunk.num_columns)
+        }
+        tokens = next(v for k, v in encodings.items() if k.startswith("response_tokens.list."))
+        assert "RLE_DICTIONARY" not in tokens and "RLE_DICTIONARY" in encodings["domain"], encodings
     assert any(p.name.endswith(".checkpoint.parquet") for p in (traj / "_delta_log").iterdir())
 
     # 3. The same app under a new group, in a terminal (progress bar drawn).

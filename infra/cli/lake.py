@@ -89,6 +89,7 @@ def maintain(
 ) -> int:
     from consumers.sql import existing_tables
     from infra.maintenance import maintain_table
+    from stream_processors.delta_sink import writer_properties
 
     settings = common.settings()
     options = settings.delta_storage_options()
@@ -104,6 +105,7 @@ def maintain(
             delete=yes,
             retention_hours=retention_hours,
             storage_options=options,
+            writer_properties=writer_properties() if name == "trajectories" else None,
             progress=progress,
         )
         print(json.dumps({"name": name, **report.as_dict()}))
