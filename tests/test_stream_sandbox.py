@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
@@ -21,6 +22,7 @@ import pytest
 
 from stream_processors.sandbox import Execution, Limits, Sandbox, SandboxHostError
 from stream_processors.sandbox.pids import PidsCgroup
+from stream_processors.sandbox.privileges import IDS_PER_PROCESS, LAST_HOST_ID, PROCESS_WINDOWS, HostIds
 from stream_processors.verifiers import CodeTestsVerifier
 
 pytestmark = pytest.mark.timeout(120)
@@ -210,12 +212,13 @@ def _execution_processes(sandbox: Sandbox, timeout_s: float) -> dict[int, dict[s
 
 
 def test_sandboxed_processes_are_an_unprivileged_user_on_the_host(sandbox, host):
-    """Seen from the host, every process of an execution is the sandbox's host id, with no group."""
-    expected = sandbox.host_id
+    """Seen from the host, every process of an execution is one of the sandbox's host ids, with no group."""
     if os.geteuid() == 0:
-        assert expected is not None and expected > 0, "a root worker must run the sandbox as another uid"
+        assert sandbox.host_ids is not None, "a root worker must run the sandbox as another uid"
+        allowed = sandbox.host_ids.ids
+        assert allowed.start > 0
     else:
-        expected = os.geteuid()
+        allowed = range(os.geteuid(), os.geteuid() + 1)
     code = "import time\nprint(open('/proc/self/uid_map').read(), flush=True)\ntime.sleep(3)\n"
     results: list[Execution] = []
     runner = threading.Thread(target=lambda: results.append(sandbox.run(["python3", "-c", code])))
@@ -226,6 +229,66 @@ def test_sandboxed_processes_are_an_unprivileged_user_on_the_host(sandbox, host)
         runner.join()
     assert results and results[0].ok and "65534" in results[0].stdout, results
     assert len(processes) >= 3, processes  # bwrap outside, bwrap as the sandbox's pid 1, the code
+    expected = next(iter(processes.values()))["Uid"][0]
+    assert expected in allowed and expected != 0, (processes, allowed)
     for pid, ids in processes.items():
-        assert ids["Uid"] == [expected] * 4 and ids["Uid"][0] != 0, (pid, ids)
+        assert ids["Uid"] == [expected] * 4, (pid, ids)
         assert ids["Gid"] == [expected] * 4 and ids["Groups"] == [], (pid, ids)
+
+
+def test_executions_at_once_run_as_different_host_ids(sandbox):
+    """Code out of one execution's namespaces must not be the uid of another's processes."""
+    code = "import time\ntime.sleep(3)\n"
+    results: list[Execution] = []
+    runners = [
+        threading.Thread(target=lambda: results.append(sandbox.run(["python3", "-c", code])))
+        for _ in range(2)
+    ]
+    for runner in runners:
+        runner.start()
+    uids: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 10
+        while len(uids) < 2 and time.monotonic() < deadline:
+            for cgroup in (c for c in sandbox.cgroups.iterdir() if c.is_dir()):
+                for pid in PidsCgroup.existing(cgroup).pids():
+                    with contextlib.suppress(OSError):
+                        if (
+                            Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+                            == sandbox.python.encode()
+                        ):
+                            uids[cgroup.name] = _host_ids(pid)["Uid"][0]
+            time.sleep(0.02)
+    finally:
+        for runner in runners:
+            runner.join()
+    assert len(results) == 2 and all(r.ok for r in results), results
+    assert len(uids) == 2, uids
+    if os.geteuid() == 0:
+        assert sandbox.host_ids is not None
+        assert len(set(uids.values())) == 2 and all(u in sandbox.host_ids.ids for u in uids.values()), uids
+    else:
+        assert set(uids.values()) == {os.geteuid()}, uids
+
+
+def test_the_highest_window_of_host_ids_runs(sandbox, monkeypatch):
+    """The ids of the last process window (the top of the range) can run code too."""
+    if sandbox.host_ids is not None:
+        monkeypatch.setattr(sandbox, "host_ids", HostIds(sandbox.host_id, pid=PROCESS_WINDOWS - 1))
+        assert sandbox.host_ids.ids[-1] <= LAST_HOST_ID
+    result = sandbox.run(["python3", "-c", "print('ran')"])
+    assert result.ok and result.stdout.strip() == "ran", result
+
+
+def test_host_ids_are_leased_one_per_execution_and_reused_last():
+    ids = HostIds(1_000_000, pid=4097)  # window 4097 % 4096 = 1
+    assert ids.ids == range(1_000_000 + IDS_PER_PROCESS, 1_000_000 + 2 * IDS_PER_PROCESS)
+    with ExitStack() as stack:
+        held = [stack.enter_context(ids.lease()) for _ in range(IDS_PER_PROCESS)]
+        assert sorted(held) == list(ids.ids)
+        with pytest.raises(SandboxHostError, match="lower the sandbox pool size"), ids.lease():
+            pass
+    with ids.lease() as first:
+        pass
+    with ids.lease() as second:
+        assert second != first

@@ -83,16 +83,16 @@ def test_a_root_worker_that_cannot_drop_to_its_host_id_refuses_to_start(step, mo
         monkeypatch.setattr("stream_processors.sandbox.sandbox.drop_privileges", refused)
     sandbox = Sandbox(tmp_path)
     assert sandbox.host_id == privileges.DEFAULT_HOST_ID
-    with pytest.raises(SandboxUnavailableError, match=r"cannot run as uid 2147480000.*simulated") as caught:
+    with pytest.raises(SandboxUnavailableError, match=r"cannot run as uid 200\d{7}: .*simulated") as caught:
         sandbox.check()
     assert "CAP_SYS_ADMIN" in str(caught.value) and privileges.AS_ROOT_VARIABLE in str(caught.value)
 
 
 @root_only
 def test_the_host_id_is_configurable_and_root_only_by_explicit_opt_out(monkeypatch, tmp_path):
-    monkeypatch.setenv(privileges.HOST_ID_VARIABLE, "2147480123")
-    assert privileges.host_id() == 2147480123
-    for bad in ("0", "-5", "nobody", str(2**32 - 1)):
+    monkeypatch.setenv(privileges.HOST_ID_VARIABLE, "2000000123")
+    assert privileges.host_id() == 2000000123
+    for bad in ("0", "-5", "nobody", str(2**32 - 1), str(2**31 - 100)):
         monkeypatch.setenv(privileges.HOST_ID_VARIABLE, bad)
         with pytest.raises(SandboxUnavailableError, match=privileges.HOST_ID_VARIABLE):
             Sandbox(tmp_path)
@@ -104,7 +104,7 @@ def test_the_host_id_is_configurable_and_root_only_by_explicit_opt_out(monkeypat
 
 def test_a_worker_that_is_not_root_keeps_its_own_id(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    monkeypatch.setenv(privileges.HOST_ID_VARIABLE, "2147480123")
+    monkeypatch.setenv(privileges.HOST_ID_VARIABLE, "2000000123")
     assert privileges.host_id() is None
 
 

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -41,6 +41,7 @@ from stream_processors.sandbox.limits import Limits, apply_rlimits
 from stream_processors.sandbox.pids import PidsCgroup, pids_root
 from stream_processors.sandbox.privileges import (
     AS_ROOT_VARIABLE,
+    HostIds,
     Paths,
     Staging,
     drop_privileges,
@@ -161,8 +162,9 @@ class Sandbox:
             start (SandboxHostError), so a short host never turns into a failed verdict.
 
     Attributes:
-        host_id: the uid and gid bwrap and the code run as on the host when the worker is root
-            (`privileges.host_id()`); None when it runs as the worker itself.
+        host_id: when the worker is root, the first of the host ids (uid and gid) bwrap and the
+            code run as (`privileges.host_id()`); None when they run as the worker itself.
+        host_ids: the ids this process leases, one per execution running at once; None likewise.
     """
 
     def __init__(
@@ -179,6 +181,7 @@ class Sandbox:
         self.binary = bwrap_binary()
         self.python, self.python_prefix = interpreter()
         self.host_id = host_id()
+        self.host_ids = HostIds(self.host_id) if self.host_id is not None else None
         shared = pids_root()
         _remove_stale(shared, self.work_root)
         self.cgroups = shared / f"worker-{os.getpid()}"
@@ -207,7 +210,7 @@ class Sandbox:
         if self.host_id is None:
             return ""
         return (
-            f". bwrap runs as uid {self.host_id} here (the worker is root): unprivileged user "
+            f". bwrap runs as uids from {self.host_id} here (the worker is root): unprivileged user "
             "namespaces must be allowed for it, and the worker needs CAP_SYS_ADMIN to give it a "
             f"mount namespace of its own; {AS_ROOT_VARIABLE}=1 opts out (the code then runs as "
             "root outside its namespace)"
@@ -245,9 +248,19 @@ class Sandbox:
                     raise ValueError(f"file name {name!r} must be a plain name")
                 target.write_bytes(content.encode() if isinstance(content, str) else content)
                 target.chmod(0o644)
-            return self._run(command, task_dir, run_id, environment, limits, stdin)
+            with self._host_id() as uid:
+                return self._run(command, task_dir, run_id, environment, limits, stdin, uid)
         finally:
             shutil.rmtree(task_dir, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _host_id(self) -> Iterator[int | None]:
+        """The execution's own host id while it runs (None: it runs as the worker)."""
+        if self.host_ids is None:
+            yield None
+            return
+        with self.host_ids.lease() as uid:
+            yield uid
 
     def _run(
         self,
@@ -257,6 +270,7 @@ class Sandbox:
         environment: Environment | None,
         limits: Limits,
         stdin: bytes,
+        uid: int | None,
     ) -> Execution:
         argv_command = [self.python if c == "python3" and i == 0 else c for i, c in enumerate(command)]
         env = {"PATH": "/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -276,7 +290,7 @@ class Sandbox:
             task=str(task_dir),
             env=str(environment.path) if environment is not None else None,
         )
-        drop = None if self.host_id is None else (self.host_id, Staging.of(paths, SYSTEM_DIRS))
+        drop = None if uid is None else (uid, Staging.of(paths, SYSTEM_DIRS))
         if drop is not None:
             paths = drop[1].paths
         argv = bwrap_argv(
