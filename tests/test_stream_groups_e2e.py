@@ -101,10 +101,14 @@ def _run(
 
 def _committed_offsets_are_stored(bootstrap_servers, group, raw, ultra, traj) -> None:
     """Kafka's committed offset never passes a message that is not a row or a dead letter yet."""
-    stored = pl.read_delta(str(traj), columns=["topic", "partition", "offset"])
+    columns = ["topic", "partition", "offset"]
+    if table_rows(traj):
+        stored = pl.read_delta(str(traj), columns=columns)
+    else:  # killed before its first commit: nothing may be committed to Kafka either
+        stored = pl.DataFrame(schema={"topic": pl.String, "partition": pl.Int32, "offset": pl.Int64})
     letters = traj.parent / "dead_letters"
     if table_rows(letters):
-        stored = pl.concat([stored, pl.read_delta(str(letters), columns=["topic", "partition", "offset"])])
+        stored = pl.concat([stored, pl.read_delta(str(letters), columns=columns)])
     for topic, partitions in ((raw, 4), (ultra, 2)):
         for partition, committed in committed_offsets(bootstrap_servers, group, topic, partitions).items():
             if committed <= 0:
