@@ -442,7 +442,7 @@ def create_app(
     caught_up = {"raw": True, "ultra": True}
     judging = {"raw": False, "ultra": False}
 
-    def accept(lane: Lane, judged: JudgedBatch, taken: Taken, keeping_up: bool) -> BatchStats:
+    def accept(lane: Lane, judged: JudgedBatch, taken: Taken) -> BatchStats:
         """In the sink thread: accept the part of a batch whose partitions were not revoked meanwhile."""
         generations = taken.generations
 
@@ -451,7 +451,7 @@ def create_app(
 
         if not all(lane.intake.current(tp, g) for tp, g in generations.items()):
             judged = judged.only(current)
-        return stage.accept(judged, caught_up=keeping_up)
+        return stage.accept(judged, caught_up=taken.caught_up(lane.batch_size))
 
     async def run_lane(lane: Lane) -> None:
         """Read batch N+1 and judge batch N in the lane's threads while the sink thread accepts batch N-1."""
@@ -496,10 +496,9 @@ def create_app(
                         judging[lane.name] = False
                     if in_flight is not None:
                         cancelled = await settle(in_flight) or cancelled
-                    keeping_up = taken.caught_up(size)
-                    caught_up[lane.name] = keeping_up
+                    caught_up[lane.name] = taken.caught_up(size)
                     in_flight = loop.run_in_executor(
-                        sink_thread, with_safe(functools.partial(accept, lane, judged, taken, keeping_up))
+                        sink_thread, with_safe(functools.partial(accept, lane, judged, taken))
                     )
                     in_flight.add_done_callback(crash_on_failure)
                 except Exception as exc:

@@ -73,7 +73,6 @@ class _Commit:
     future: Future[int]
     coordinates: list[Coordinates]
     states: dict[TopicPartition, PartitionState]
-    rows: int
 
 
 DUPLICATE = "duplicate"
@@ -395,7 +394,7 @@ class Stage:
             return settled + self._commit()
         write, states, coordinates = self._prepare()
         self._clear_outbox()
-        self._committing = _Commit(self._committer.submit(write), coordinates, states, len(coordinates))
+        self._committing = _Commit(self._committer.submit(write), coordinates, states)
         return settled
 
     def _next_states(self) -> dict[TopicPartition, PartitionState]:
@@ -479,7 +478,7 @@ class Stage:
         version = job.future.result()
         self._committing = None
         self._store(version, job.states)
-        return job.rows
+        return len(job.coordinates)
 
     def _retrying(self, what: str, write: Callable[[], int]) -> int:
         delay = self.retry_backoff_s

@@ -290,9 +290,9 @@ class Sandbox:
             task=str(task_dir),
             env=str(environment.path) if environment is not None else None,
         )
-        drop = None if uid is None else (uid, Staging.of(paths, SYSTEM_DIRS))
-        if drop is not None:
-            paths = drop[1].paths
+        staging = None if uid is None else Staging.of(paths, SYSTEM_DIRS)
+        if staging is not None:
+            paths = staging.paths
         argv = bwrap_argv(
             paths.binary,
             task_dir=Path(paths.task),
@@ -315,7 +315,7 @@ class Sandbox:
                 pass_fds=(status_write,),
                 env={},  # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1
                 start_new_session=True,
-                preexec_fn=_child_setup(cgroup, limits, drop),
+                preexec_fn=_child_setup(cgroup, limits, uid, staging),
                 close_fds=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:  # the latter: the child setup raised
@@ -450,16 +450,18 @@ class Sandbox:
         )
 
 
-def _child_setup(cgroup: PidsCgroup, limits: Limits, drop: tuple[int, Staging] | None) -> Callable[[], None]:
+def _child_setup(
+    cgroup: PidsCgroup, limits: Limits, uid: int | None, staging: Staging | None
+) -> Callable[[], None]:
     """What the child does between fork and exec (no imports, no locks): join the cgroup, set the
-    rlimits and, given `drop` (host id, staging), first stage bwrap's binds and last become that id."""
+    rlimits and, given a host `uid` (with its `staging`), first stage bwrap's binds and last become
+    that id."""
 
     def setup() -> None:
         cgroup.join()
-        if drop is None:
+        if uid is None or staging is None:
             apply_rlimits(limits)
             return
-        uid, staging = drop
         try:
             staging.enter()
             apply_rlimits(limits)
