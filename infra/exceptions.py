@@ -3,6 +3,11 @@
 from schemas.exceptions import RollstreamError
 
 
+def missing_tool(tool: str, step: str) -> str:
+    """One line saying which tool is missing and which install step provides it."""
+    return f"{tool} is not installed: `bash infra/run.sh install` provides it (install step {step!r})"
+
+
 class InfraError(RollstreamError):
     """Root of the errors raised while starting, stopping or provisioning local services."""
 
@@ -37,3 +42,7 @@ class ObjectStoreError(InfraError):
 
 class DemoError(InfraError):
     """The end-to-end demo could not account for every published message."""
+
+
+class InstallError(InfraError):
+    """A tool the demo or the tests need is missing, or its install step failed."""

@@ -23,6 +23,11 @@ def jars_dir(settings: Settings) -> Path:
     return settings.cache_dir / f"kafka-{settings.kafka_version}" / "libs"
 
 
+def maven_repository(settings: Settings) -> Path:
+    """Maven's local repository for our fetches: ``<cache_dir>/m2``, so an empty cache is a cold machine."""
+    return settings.cache_dir / "m2"
+
+
 def ensure_jars(settings: Settings, *, progress: Callable[[str], None] = stderr_progress) -> Path:
     """Return the jars directory, fetching it with Maven when missing or incomplete.
 
@@ -41,7 +46,7 @@ def ensure_jars(settings: Settings, *, progress: Callable[[str], None] = stderr_
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _complete(libs):
             return libs
-        _fetch(settings.kafka_version, libs, progress)
+        _fetch(settings.kafka_version, libs, maven_repository(settings), progress)
     return libs
 
 
@@ -54,7 +59,7 @@ def _complete(libs: Path) -> bool:
     return bool(names) and all((libs / name).is_file() for name in names)
 
 
-def _fetch(version: str, libs: Path, progress: Callable[[str], None]) -> None:
+def _fetch(version: str, libs: Path, repository: Path, progress: Callable[[str], None]) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise JarFetchError(
@@ -67,7 +72,7 @@ def _fetch(version: str, libs: Path, progress: Callable[[str], None]) -> None:
     progress(f"fetching Kafka {version} jars with Maven into {libs} (once per version)")
     started = time.monotonic()
     command = [
-        mvn, "-q", "-B", "-f", str(POM), f"-Dkafka.version={version}",
+        mvn, "-q", "-B", "-f", str(POM), f"-Dkafka.version={version}", f"-Dmaven.repo.local={repository}",
         "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
     ]  # fmt: skip
     try:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infra.exceptions import ObjectStoreError
+from infra.exceptions import ObjectStoreError, missing_tool
 from infra.processes import (
     ProcessStatus,
     owned_pid,
@@ -120,15 +120,23 @@ def minio_binary(settings: Settings) -> Path:
     return settings.cache_dir / "minio" / "bin" / "minio"
 
 
-def ensure_minio(settings: Settings, *, progress: Callable[[str], None] = stderr_progress) -> Path:
+def ensure_minio(
+    settings: Settings, *, progress: Callable[[str], None] = stderr_progress, build: bool = True
+) -> Path:
     """The MinIO binary, built with ``go install`` into the cache the first time (minutes).
 
+    With ``build=False`` a missing binary raises at once instead (the tests: the install step
+    builds it, never a test inside its time limit).
+
     Raises:
-        ObjectStoreError: Go is not installed, or the build failed (the message shows its output).
+        ObjectStoreError: the binary is missing and `build` is off, Go is not installed, or the
+            build failed (the message shows its output).
     """
     binary = minio_binary(settings)
     if binary.is_file():
         return binary
+    if not build:
+        raise ObjectStoreError(missing_tool(f"MinIO ({binary})", "minio"))
     go = shutil.which("go")
     if go is None:
         raise ObjectStoreError(
@@ -137,10 +145,21 @@ def ensure_minio(settings: Settings, *, progress: Callable[[str], None] = stderr
         )
     gopath = binary.parent.parent
     progress(f"building MinIO ({MINIO_MODULE}) into {gopath}; this takes a few minutes, once per machine")
-    env = {**os.environ, "GOPATH": str(gopath), "GOBIN": str(binary.parent), "CGO_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "GOPATH": str(gopath),
+        "GOBIN": str(binary.parent),
+        "GOCACHE": str(gopath / "build-cache"),
+        "GOMODCACHE": str(gopath / "pkg" / "mod"),
+        "CGO_ENABLED": "0",
+    }
     try:
         done = subprocess.run(
-            [go, "install", MINIO_MODULE], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+            [go, "install", "-modcacherw", MINIO_MODULE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
         raise ObjectStoreError(
@@ -172,9 +191,15 @@ def object_store_status(settings: Settings) -> ProcessStatus:
 
 
 def start_object_store(
-    settings: Settings, *, progress: Callable[[str], None] = stderr_progress, timeout: float = READY_TIMEOUT_S
+    settings: Settings,
+    *,
+    progress: Callable[[str], None] = stderr_progress,
+    timeout: float = READY_TIMEOUT_S,
+    build: bool = True,
 ) -> ObjectStore:
     """Start MinIO unless ours runs, create the lake's bucket, and return how to reach it.
+
+    `build` is passed to `ensure_minio`: off, a missing binary is an error naming the install step.
 
     Raises:
         ObjectStoreError: MinIO could not be built, did not answer within `timeout` seconds (it
@@ -186,7 +211,7 @@ def start_object_store(
     if running.pid is not None and store is not None:
         progress(f"object store already running (pid {running.pid}) at {store.endpoint}")
         return store
-    binary = ensure_minio(settings, progress=progress)
+    binary = ensure_minio(settings, progress=progress, build=build)
     paths.pid_file.unlink(missing_ok=True)
     paths.data.mkdir(parents=True, exist_ok=True)
     if store is None:

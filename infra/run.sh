@@ -2,13 +2,19 @@
 # One entry for a fresh machine: installs what is missing, then runs a job.
 #   bash infra/run.sh demo [demo args...]   the end-to-end demo on a local broker, lake and tracking store
 #   bash infra/run.sh test [pytest args...] ruff, mypy, then the test suite against real services
-#   bash infra/run.sh env                   only install; prints the virtual environment's path
+#   bash infra/run.sh install               install every tool the demo and tests need (infra/install.py)
+#   bash infra/run.sh env                   only build the environment; prints its path
 #   bash infra/run.sh COMMAND [args...]     any other `rollstream` sub-command (status, down, learn, ...)
 # The virtual environment lives outside the clone, keyed by a hash of the declared dependencies,
 # so every clone on this machine (and CI) reuses it; a changed dependency builds a new one.
+# Everything installed lives under ROLLSTREAM_CACHE (default ~/.cache/rollstream), uv's and pip's
+# download caches included: an empty directory there is a cold machine.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${ROLLSTREAM_CACHE:-$HOME/.cache/rollstream}"
+cache="$(mkdir -p "${ROLLSTREAM_CACHE:-$HOME/.cache/rollstream}" && cd "${ROLLSTREAM_CACHE:-$HOME/.cache/rollstream}" && pwd)"
+export ROLLSTREAM_CACHE="$cache"
+export UV_CACHE_DIR="${UV_CACHE_DIR:-$cache/uv}"
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$cache/pip}"
 python="${ROLLSTREAM_PYTHON:-python3}"
 
 dep_hash="$("$python" - "$repo/pyproject.toml" "$repo/uv.lock" <<'PY'
@@ -44,6 +50,8 @@ if [ ! -f "$venv/.complete" ]; then
   echo "rollstream: environment ready in $((SECONDS - started)) s" >&2
   # Each environment is several GB: keep the three newest (clones on other commits may use them).
   ls -1dt "$cache"/venv-* 2>/dev/null | grep -v '\.partial$' | tail -n +4 | xargs -r rm -rf
+else
+  echo "rollstream: environment $venv ready (built before)" >&2
 fi
 if ! "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo" > "$venv/editable-install.log" 2>&1; then
   cat "$venv/editable-install.log" >&2
@@ -58,7 +66,8 @@ export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 job="${1:-}"; shift || true
 case "$job" in
   env) echo "$venv" ;;
-  test) exec bash "$repo/infra/test.sh" "$@" ;;
-  "") echo "usage: bash infra/run.sh {demo|test|env|COMMAND} [args...]  (COMMAND: any rollstream sub-command, e.g. status, down)" >&2; exit 2 ;;
+  install) exec python -m infra.install "$@" ;;
+  test) python -m infra.install && exec bash "$repo/infra/test.sh" "$@" ;;
+  "") echo "usage: bash infra/run.sh {demo|test|install|env|COMMAND} [args...]  (COMMAND: any rollstream sub-command, e.g. status, down)" >&2; exit 2 ;;
   *) exec rollstream "$job" "$@" ;;
 esac

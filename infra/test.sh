@@ -1,20 +1,9 @@
 #!/usr/bin/env bash
 # The test job: lint, type-check, start a real broker for the suite, run pytest, stop the broker.
-# Called by `bash infra/run.sh test` (which installs everything first); .ci/run calls that.
+# Called by `bash infra/run.sh test`, which runs the install step (infra/install.py) first; .ci/run calls that.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-
-if ! command -v chromium >/dev/null 2>&1; then
-  # The report's rendering test opens it in headless Chromium (Debian's package).
-  echo "== installing chromium (once per machine)"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    echo "chromium is missing: install Debian's chromium package (apt-get install chromium)" >&2
-    exit 1
-  fi
-fi
 
 echo "== ruff"
 ruff check .

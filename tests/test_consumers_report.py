@@ -15,6 +15,7 @@ from deltalake import write_deltalake
 
 from consumers.exceptions import AnalyticsError
 from consumers.report import build_report
+from infra.exceptions import missing_tool
 from schemas.profile import load_profile
 from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
 
@@ -115,7 +116,7 @@ def test_report_renders_in_headless_chromium_with_plots_drawn(tmp_path):
     import numpy as np
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is needed: `bash infra/run.sh test` installs it when missing"
+    assert chromium, missing_tool("Debian's chromium", "chromium")
     lake = tmp_path / "lake"
     write_deltalake(str(lake / "trajectories"), trajectory_rows(200), partition_by=["bucket"])
     report = build_report(lake, tmp_path / "out")

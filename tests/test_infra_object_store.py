@@ -57,9 +57,24 @@ pytestmark = pytest.mark.timeout(300)
 def store_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, ObjectStore]]:
     settings = Settings(state_dir=tmp_path_factory.mktemp("object-store"))
     try:
-        yield settings, start_object_store(settings)
+        store = start_object_store(settings, build=False)  # the install step builds MinIO, never a test
+    except ObjectStoreError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield settings, store
     finally:
         stop_object_store(settings)
+
+
+def test_a_missing_minio_fails_at_once_naming_the_install_step(tmp_path):
+    settings = Settings(state_dir=tmp_path / "state", cache_dir=tmp_path / "empty-cache")
+    with pytest.raises(ObjectStoreError) as raised:
+        start_object_store(settings, build=False)
+    message = str(raised.value)
+    assert (
+        "\n" not in message and "install step 'minio'" in message and "bash infra/run.sh install" in message
+    )
+    assert not (tmp_path / "empty-cache" / "minio").exists()  # nothing was built or fetched
 
 
 def test_concurrent_writers_keep_every_commit(store_settings):

@@ -10,28 +10,30 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer
 
+from infra.exceptions import InstallError
+from infra.install import interop_classpath
+from infra.settings import Settings
 from schemas import TRAJECTORY_SCHEMA_PATH, TrajectoryCodec, unpack_float32, unpack_int32
 
 JAVA_DIR = Path(__file__).parent / "interop" / "java"
 
 
-def _java_classpath(tmp_path: Path) -> str:
-    deps = tmp_path / "deps"
-    subprocess.run(
-        ["mvn", "-q", "-B", "-f", str(JAVA_DIR / "pom.xml"), "dependency:copy-dependencies",
-         f"-DoutputDirectory={deps}"],
-        check=True, timeout=300,
-    )  # fmt: skip
-    return f"{deps}/*"
+def _java_classpath() -> str:
+    """The jars the install step fetched (install step 'interop'); missing, the test fails at once."""
+    try:
+        return interop_classpath(Settings())
+    except InstallError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def test_java_producer_messages_decode(tmp_path: Path, bootstrap_servers: str, make_topic) -> None:
     topic = make_topic("interop", partitions=2)
     count = 12
     subprocess.run(
-        ["java", "-cp", _java_classpath(tmp_path), str(JAVA_DIR / "PublishTrajectories.java"),
+        ["java", "-cp", _java_classpath(), str(JAVA_DIR / "PublishTrajectories.java"),
          str(TRAJECTORY_SCHEMA_PATH), bootstrap_servers, topic, str(count)],
         check=True, timeout=180,
     )  # fmt: skip
