@@ -138,7 +138,7 @@ class Settings(BaseSettings):
         kafka_host: Address the local broker listens on and clients connect to. Default ``127.0.0.1``.
         kafka_port: The broker's client (PLAINTEXT) port. Default 9092.
         controller_port: The KRaft controller port of the combined node. Default 9093.
-        kafka_version: Kafka release whose jars run the broker. Default ``4.1.1``.
+        kafka_version: Kafka release whose jars run the broker. Default ``4.3.1``.
         kafka_heap: The broker JVM's ``-Xmx``, e.g. ``512m`` or ``1g``. Default ``1g``.
         lake_uri: Root of the Delta tables: a local directory, or an object-store URI (``s3://``,
             ``gs://``, ``az://``, ``abfss://``). ``lake_dir`` is an alias accepted everywhere. Default
@@ -187,7 +187,7 @@ class Settings(BaseSettings):
     kafka_host: Str = "127.0.0.1"
     kafka_port: Int = 9092
     controller_port: Int = 9093
-    kafka_version: Str = "4.1.1"
+    kafka_version: Str = "4.3.1"
     kafka_heap: Str = "1g"
     lake_uri: Str = Field(default="", validate_default=True)
     storage_options: Options = Field(default_factory=lambda: MappingProxyType({}))
@@ -333,7 +333,7 @@ class Settings(BaseSettings):
                 f"kafka_heap = {self.kafka_heap!r} is not a JVM size; use e.g. '512m' or '1g'"
             )
         if not _VERSION.match(self.kafka_version):
-            raise SettingsError(f"kafka_version = {self.kafka_version!r} is not a release; use e.g. '4.1.1'")
+            raise SettingsError(f"kafka_version = {self.kafka_version!r} is not a release; use e.g. '4.3.1'")
         for name in ("raw_topic", "ultra_topic", "dlq_topic"):
             topic = getattr(self, name)
             if not _TOPIC.match(topic) or topic in {".", ".."}:

@@ -31,7 +31,7 @@ def test_defaults_are_absolute_and_derived_from_state_dir(tmp_path: Path) -> Non
     assert settings.lake_dir == tmp_path / ".rollstream" / "lake"
     assert settings.tracking_uri == f"sqlite:///{tmp_path}/.rollstream/mlflow.db"
     assert settings.bootstrap_servers == "127.0.0.1:9092"
-    assert (settings.controller_port, settings.kafka_version, settings.mlflow_port) == (9093, "4.1.1", 5000)
+    assert (settings.controller_port, settings.kafka_version, settings.mlflow_port) == (9093, "4.3.1", 5000)
     assert (settings.raw_topic, settings.ultra_topic, settings.dlq_topic) == (
         "rollouts.raw",
         "rollouts.ultra",
