@@ -10,8 +10,8 @@ from schemas.exceptions import (
     SchemaError,
     UnknownSchemaError,
 )
-from schemas.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
-from schemas.record import TrajectoryRecord
+from schemas.packing import pack_float32, pack_int32, pack_mask, unpack_float32, unpack_int32, unpack_mask
+from schemas.record import TrajectoryRecord, VersionSpan
 from schemas.tables import DEAD_LETTERS_SCHEMA, TRAJECTORIES_SCHEMA
 
 __all__ = [
@@ -28,11 +28,14 @@ __all__ = [
     "TrajectoryCodec",
     "TrajectoryRecord",
     "UnknownSchemaError",
+    "VersionSpan",
     "default_domains",
     "fingerprint_of",
     "load_schema",
     "pack_float32",
     "pack_int32",
+    "pack_mask",
     "unpack_float32",
     "unpack_int32",
+    "unpack_mask",
 ]

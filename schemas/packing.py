@@ -15,6 +15,7 @@ from schemas.exceptions import DecodeError
 
 INT32 = np.dtype("<i4")
 FLOAT32 = np.dtype("<f4")
+UINT8 = np.dtype("u1")
 
 
 def pack_int32(values: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
@@ -45,3 +46,16 @@ def unpack_float32(data: bytes) -> npt.NDArray[np.float32]:
     """View a packed float32 buffer as a read-only numpy array (no copy)."""
     _check(data, "float32")
     return np.frombuffer(data, dtype=FLOAT32)
+
+
+def pack_mask(values: Sequence[bool] | Sequence[int] | npt.NDArray[np.generic]) -> bytes:
+    """Pack a per-token loss mask: one byte per token, 1 trained on, 0 not."""
+    return (np.asarray(values) != 0).astype(UINT8).tobytes()
+
+
+def unpack_mask(data: bytes) -> npt.NDArray[np.bool_]:
+    """A packed loss mask as a boolean array (values other than 0 and 1 are refused)."""
+    mask = np.frombuffer(data, dtype=UINT8)
+    if mask.size and mask.max() > 1:
+        raise DecodeError("packed loss mask holds a byte other than 0 or 1 (schemas/WIRE_FORMAT.md)")
+    return mask.astype(np.bool_)

@@ -6,6 +6,14 @@ from datetime import datetime
 from typing import TypedDict
 
 
+class VersionSpan(TypedDict):
+    """Response tokens [start, end) were produced by policy `version`."""
+
+    start: int
+    end: int
+    version: int
+
+
 class _Required(TypedDict):
     trajectory_id: str
     group_id: str
@@ -30,4 +38,9 @@ class TrajectoryRecord(_Required, total=False):
     unit_tests: str | None
     gold_fields: dict[str, str] | None
     precomputed_reward: float | None
+    task_id: str | None
+    attempt: int
+    loss_mask: bytes | None
+    version_spans: list[VersionSpan] | None
+    logprob_mode: str | None
     metadata: dict[str, str]

@@ -20,12 +20,16 @@ from schemas import (
     fingerprint_of,
     pack_float32,
     pack_int32,
+    pack_mask,
     unpack_float32,
     unpack_int32,
+    unpack_mask,
 )
+from schemas.codec import AVRO_DIR
 
 # Pinned so that an accidental schema change (which changes every message header) fails loudly.
-TRAJECTORY_FINGERPRINT = 0xCCB6718F0F408DAE
+TRAJECTORY_FINGERPRINT = 0x4F390D3FCADA587F
+TRAJECTORY_V1_FINGERPRINT = 0xCCB6718F0F408DAE  # schemas/avro/history/trajectory-v1.avsc
 
 
 def _record(**overrides: Any) -> dict[str, Any]:
@@ -75,6 +79,26 @@ def test_header_is_marker_and_little_endian_fingerprint() -> None:
     message = codec.encode(_record())
     assert message[:2] == b"\xc3\x01"
     assert int.from_bytes(message[2:10], "little") == codec.fingerprint == TRAJECTORY_FINGERPRINT
+
+
+def test_a_v1_message_decodes_with_the_new_fields_at_their_defaults() -> None:
+    v1 = TrajectoryCodec(AVRO_DIR / "history" / "trajectory-v1.avsc")
+    assert v1.fingerprint == TRAJECTORY_V1_FINGERPRINT
+    decoded = TrajectoryCodec().decode(v1.encode(_record()))
+    assert decoded["task_id"] is None and decoded["attempt"] == 0 and decoded["loss_mask"] is None
+    assert decoded["version_spans"] is None and decoded["logprob_mode"] is None
+    assert unpack_int32(decoded["prompt_tokens"]).tolist() == [1, 2, 3, 70000]
+
+
+def test_task_fields_mask_and_spans_round_trip() -> None:
+    codec = TrajectoryCodec()
+    spans = [{"start": 0, "end": 1, "version": 3}, {"start": 1, "end": 2, "version": 4}]
+    record = {**_record(), "task_id": "t-1", "attempt": 2, "loss_mask": pack_mask([1, 0])}
+    decoded = codec.decode(codec.encode({**record, "version_spans": spans, "logprob_mode": "processed"}))
+    assert (decoded["task_id"], decoded["attempt"], decoded["logprob_mode"]) == ("t-1", 2, "processed")
+    assert unpack_mask(decoded["loss_mask"]).tolist() == [True, False] and decoded["version_spans"] == spans
+    with pytest.raises(DecodeError, match="other than 0 or 1"):
+        unpack_mask(b"\x00\x02")
 
 
 def test_fingerprint_matches_avro_specification_vector() -> None:
@@ -155,7 +179,15 @@ def _string(s: str | bytes) -> bytes:
     return _zigzag(len(raw)) + raw
 
 
-def test_message_written_from_the_wire_format_page_decodes() -> None:
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_message_written_from_the_wire_format_page_decodes(version: str) -> None:
+    task_fields = [
+        b"\x02" + _string("task-9"),  # task_id
+        _zigzag(1),  # attempt
+        b"\x00",  # loss_mask: null
+        b"\x02" + _zigzag(1) + _zigzag(0) + _zigzag(2) + _zigzag(7) + b"\x00",  # version_spans
+        b"\x02" + _string("processed"),  # logprob_mode
+    ]
     body = b"".join(
         [
             _string("t-1"),
@@ -174,14 +206,17 @@ def test_message_written_from_the_wire_format_page_decodes() -> None:
             b"\x00",  # unit_tests: null
             b"\x02" + _zigzag(1) + _string("total") + _string("42") + b"\x00",  # gold_fields
             b"\x00",  # precomputed_reward: null
+            *(task_fields if version == "v2" else []),
             _string("rust-worker-1"),
             _zigzag(1_764_504_000_000),
             _zigzag(0),  # metadata: empty map
         ]
     )
-    header = b"\xc3\x01" + TRAJECTORY_FINGERPRINT.to_bytes(8, "little")
-    decoded = TrajectoryCodec().decode(header + body)
+    fingerprint = TRAJECTORY_FINGERPRINT if version == "v2" else TRAJECTORY_V1_FINGERPRINT
+    decoded = TrajectoryCodec().decode(b"\xc3\x01" + fingerprint.to_bytes(8, "little") + body)
     assert decoded["gold_fields"] == {"total": "42"}
+    assert decoded["task_id"] == ("task-9" if version == "v2" else None)
+    assert decoded["version_spans"] == ([{"start": 0, "end": 2, "version": 7}] if version == "v2" else None)
     assert unpack_int32(decoded["prompt_tokens"]).tolist() == [10, 11, 12]
     assert unpack_float32(decoded["response_logprobs"]).tolist() == [-0.25, -2.0]
     assert decoded["created_at"] == datetime.fromtimestamp(1_764_504_000, tz=UTC)
