@@ -46,6 +46,12 @@ DEFAULT_BUDGET_BYTES = 128 * MIB
 IDLE_POLL_S = 0.005
 
 
+def message_key(record: Mapping[str, Any]) -> bytes:
+    """The Kafka key: the task id when the sample answers a task (every attempt of a task on one
+    partition, so the stage sees them in order), else the group id (a group on one partition)."""
+    return str(record.get("task_id") or record["group_id"]).encode()
+
+
 class _LaneClient:
     """One Kafka producer and the thread that serves its delivery reports.
 
@@ -170,7 +176,7 @@ class PublisherCore:
             raise InvalidTrajectoryError(
                 f"{exc}; it was not sent", trajectory_id=tid, field="schema"
             ) from exc
-        key = str(record["group_id"]).encode()
+        key = message_key(record)
         return self.route(Outgoing(self.topic, key, value, str(record["trajectory_id"])))
 
     def route(self, out: Outgoing) -> Outgoing:
