@@ -51,6 +51,14 @@ def _parse(schema: Any) -> Any:
         raise SchemaError(f"invalid Avro schema: {exc}") from exc
 
 
+def record_name(schema: Any) -> str:
+    """The full name (``namespace.name``) of an unparsed record schema; "" for other types."""
+    if not isinstance(schema, Mapping) or not isinstance(schema.get("name"), str):
+        return ""
+    name, namespace = schema["name"], schema.get("namespace")
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
 def fingerprint_of(schema: SchemaLike) -> bytes:
     """The 8 wire bytes naming a schema: CRC-64-AVRO of its parsing canonical form, little-endian."""
     canonical = to_parsing_canonical_form(_parse(load_schema(schema)))
@@ -63,7 +71,7 @@ class TrajectoryCodec:
     Args:
         reader_schema: the schema this process works in; default the shipped trajectory.avsc.
         writer_schemas: further schemas whose messages may arrive (older or newer versions).
-            Every .avsc under ``schemas/avro/`` is known too.
+            Every .avsc under ``schemas/avro/`` naming the reader's record is known too.
     """
 
     def __init__(
@@ -78,7 +86,9 @@ class TrajectoryCodec:
         self._header = MAGIC + self._fingerprint
         self._writers: dict[bytes, Any] = {self._fingerprint: self._reader}
         for path in sorted(AVRO_DIR.rglob("*.avsc")):
-            self.register(path)
+            shipped = load_schema(path)
+            if record_name(shipped) == record_name(raw):
+                self.register(shipped)
         for schema in writer_schemas:
             self.register(schema)
 

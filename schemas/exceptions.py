@@ -27,3 +27,7 @@ class DomainRegistryError(RollstreamError):
 
 class ProfileError(RollstreamError):
     """An inference workload profile or trace is missing, malformed or inconsistent."""
+
+
+class PolicyVersionError(RollstreamError):
+    """A policy version record has an invalid field (negative number, malformed sha256, ...)."""

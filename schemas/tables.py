@@ -106,3 +106,18 @@ RESCORES_SCHEMA = pa.schema(
     ]
 )
 """rescores: a verifier version's verdicts beside the stored ones (`rollstream rescore`)."""
+
+POLICIES_SCHEMA = pa.schema(
+    [
+        pa.field("number", pa.int64(), nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+        pa.field("run_id", pa.string()),
+        pa.field("table_version", pa.int64()),
+        pa.field("created_at", TIMESTAMP, nullable=False),
+    ]
+)
+"""policies: one row per published policy version (schemas/policy_version.py), the publication
+itself: a version exists once its row is committed (consumers/weights/)."""
