@@ -47,3 +47,23 @@ class BufferExhausted(ConsumerError):
 
 class CheckpointError(ConsumerError):
     """A checkpoint cannot be read or does not match this run."""
+
+
+class WeightsError(ConsumerError):
+    """Publishing or reading policy weights failed; the message says which step and why."""
+
+
+class VersionConflictError(WeightsError):
+    """A policy version number is already published with other weights, or is not above the latest."""
+
+
+class ChecksumError(WeightsError):
+    """A weights file does not match its record's sha256 or size; nothing was loaded."""
+
+
+class AnnounceError(WeightsError):
+    """A policy version record could not be delivered to, or read from, its Kafka topic."""
+
+
+class RegistrationError(WeightsError):
+    """A published policy version could not be registered as an MLflow model version."""
