@@ -171,7 +171,8 @@ def _say_step(step: str, message: str) -> None:
 
 
 def _say(message: str) -> None:
-    print(f"rollstream install: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"rollstream install: {message}\n")  # one write per line: steps print from threads
+    sys.stderr.flush()
 
 
 def _is_root() -> bool:
