@@ -2,8 +2,10 @@
 
 The processors check again (a producer may be old or foreign); these are the rules a rollout
 worker can fix on the spot: packed buffer sizes, one logprob per response token, a non-empty
-response, a non-negative policy_version, a task type some verifier judges, a known domain.
-Cheap: sizes and lookups only, no unpacking.
+response, a non-negative policy_version, a task type some verifier judges, a known domain, and
+for a sample from a task: its attempt (>= 1 with a task_id, 0 without), one loss mask byte (0 or
+1) per response token, version spans covering the response in order. Cheap: sizes, lookups and
+one C-level pass over a mask, no unpacking.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class TrajectoryValidator:
                 and record["task_type"] in self._task_types
                 and bool(tid.strip() and record["group_id"].strip() and domain.strip())
                 and (self._domain_ok is None or self._domain_ok(domain))
+                and _task_fields_ok(record, len(tokens) // 4)
             )
         except (KeyError, TypeError):
             fine = False
@@ -128,3 +131,82 @@ class TrajectoryValidator:
                 "domain",
                 f"unknown domain={record['domain']!r}: register it in the domain registry or fix the name",
             )
+        problem = _task_fields_problem(record, tokens)
+        if problem is not None:
+            raise fail(*problem)
+
+
+def _task_fields_ok(record: Mapping[str, Any], tokens: int) -> bool:
+    """The fast path of `_task_fields_problem`: True when the task fields hold (the common case)."""
+    task_id, attempt = record.get("task_id"), record.get("attempt", 0)
+    mask, spans = record.get("loss_mask"), record.get("version_spans")
+    return (
+        type(attempt) is int
+        and (
+            attempt == 0
+            if task_id is None
+            else type(task_id) is str and attempt >= 1 and bool(task_id.strip())
+        )
+        and (mask is None or (type(mask) is bytes and len(mask) == tokens and not mask.strip(b"\x00\x01")))
+        and (spans is None or _spans_problem(spans, tokens) is None)
+    )
+
+
+def _task_fields_problem(record: Mapping[str, Any], tokens: int) -> tuple[str, str] | None:
+    """(field, problem) of the first broken rule of the task fields, or None."""
+    task_id, attempt = record.get("task_id"), record.get("attempt", 0)
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        return (
+            "attempt",
+            f"attempt={attempt!r} must be an integer >= 0 (0: not from a task; 1: first delivery)",
+        )
+    if task_id is None and attempt:
+        return "attempt", f"attempt={attempt} without a task_id: set the task's id, or attempt 0"
+    if task_id is not None and (not isinstance(task_id, str) or not task_id.strip()):
+        return "task_id", f"task_id={task_id!r} must be a non-empty string, or None when not from a task"
+    if task_id is not None and attempt == 0:
+        return "attempt", (
+            f"task_id={task_id!r} with attempt=0: pass the task's delivery count (1 on the first "
+            "delivery) as attempt"
+        )
+    mask = record.get("loss_mask")
+    if mask is not None:
+        if not isinstance(mask, bytes):
+            return "loss_mask", f"loss_mask is {type(mask).__name__}, not packed bytes (schemas.pack_mask)"
+        if len(mask) != tokens:
+            return "loss_mask", (
+                f"{len(mask)} loss mask bytes for {tokens} response tokens: one byte per response "
+                "token (schemas.pack_mask), or None to train on every token"
+            )
+        if mask.strip(b"\x00\x01"):
+            index = next(i for i, b in enumerate(mask) if b > 1)
+            return "loss_mask", f"loss_mask[{index}]={mask[index]} is neither 0 nor 1 (schemas.pack_mask)"
+    spans = record.get("version_spans")
+    problem = None if spans is None else _spans_problem(spans, tokens)
+    return None if problem is None else ("version_spans", problem)
+
+
+def _spans_problem(spans: Any, tokens: int) -> str | None:
+    """What is wrong with `version_spans` for a response of `tokens` tokens, or None."""
+    if not isinstance(spans, list | tuple):
+        return f"version_spans is {type(spans).__name__}, not a list of {{start, end, version}}"
+    end = 0
+    for i, span in enumerate(spans):
+        try:
+            start, stop, version = span["start"], span["end"], span["version"]
+        except (KeyError, TypeError):
+            return f"version_spans[{i}]={span!r} is not a {{start, end, version}} mapping"
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, version)):
+            return f"version_spans[{i}]={span!r} must hold integers"
+        if start != end:
+            kind = "a gap" if start > end else "an overlap"
+            return f"version_spans[{i}] starts at {start}, not at {end} ({kind}): spans cover [0, {tokens}) in order"
+        if stop <= start:
+            return f"version_spans[{i}]=[{start}, {stop}) is empty: each span covers at least one token"
+        end = stop
+    if end != tokens:
+        return (
+            f"version_spans end at {end}, not at the response's {tokens} tokens: they must cover "
+            f"[0, {tokens}); pass None when one policy version made the whole response"
+        )
+    return None

@@ -38,7 +38,19 @@ class GroupIndexError(InvalidRecordError):
 
 
 class EmptyIdError(InvalidRecordError):
-    """An id field (trajectory_id, group_id) is empty."""
+    """An id field (trajectory_id, group_id, task_id) is empty."""
+
+
+class LossMaskError(InvalidRecordError):
+    """A loss mask byte is neither 0 nor 1."""
+
+
+class VersionSpanError(InvalidRecordError):
+    """`version_spans` do not cover the response's tokens in order, without gaps or overlap."""
+
+
+class AttemptError(InvalidRecordError):
+    """`attempt` and `task_id` disagree: attempt < 0, a task without an attempt, or the reverse."""
 
 
 class UnknownTaskTypeError(InvalidRecordError):

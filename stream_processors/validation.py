@@ -16,12 +16,15 @@ import numpy.typing as npt
 
 from schemas import DecodeError, unpack_float32, unpack_int32
 from stream_processors.exceptions import (
+    AttemptError,
     EmptyIdError,
     GroupIndexError,
     LengthMismatchError,
+    LossMaskError,
     NonFiniteValueError,
     PackedBufferError,
     TokenIdError,
+    VersionSpanError,
 )
 
 MAX_TOKEN_ID = 2**24
@@ -31,11 +34,16 @@ learner sizes its embedding by the largest id it sees (schemas/WIRE_FORMAT.md, F
 
 @dataclass(frozen=True, slots=True)
 class TokenArrays:
-    """The packed sequences of one trajectory, viewed as numpy arrays without a copy."""
+    """The packed sequences of one trajectory, viewed as numpy arrays without a copy.
+
+    `loss_mask` holds one byte per response token (1 trained on, 0 not), or None when every
+    response token is trained on.
+    """
 
     prompt_tokens: npt.NDArray[np.int32]
     response_tokens: npt.NDArray[np.int32]
     response_logprobs: npt.NDArray[np.float32]
+    loss_mask: npt.NDArray[np.uint8] | None = None
 
     @property
     def length(self) -> int:
@@ -60,6 +68,11 @@ def _all_finite(values: npt.NDArray[np.float32]) -> bool:
     return not len(values) or math.isfinite(float(values.sum(dtype=np.float64)))
 
 
+def _bits_ok(mask: npt.NDArray[np.uint8]) -> bool:
+    """Every mask byte is 0 or 1, in one reduction."""
+    return not len(mask) or int(mask.max()) <= 1
+
+
 def _check_token_ids(tokens: npt.NDArray[np.int32], field: str) -> None:
     if _ids_in_range(tokens):
         return
@@ -73,7 +86,8 @@ def _check_token_ids(tokens: npt.NDArray[np.int32], field: str) -> None:
 
 
 def values_ok(batch: Sequence[TokenArrays]) -> bool:
-    """Whether every token id of `batch` is in range and every logprob finite, in two reductions.
+    """Whether every token id of `batch` is in range, every logprob finite and every loss mask byte
+    0 or 1, in one reduction each.
 
     The per-record checks of `validate` cost a few numpy calls per record, and each call may
     release the GIL and wait a switch interval to get it back while the sink thread runs: checked
@@ -83,14 +97,86 @@ def values_ok(batch: Sequence[TokenArrays]) -> bool:
     if not batch:
         return True
     ids = np.concatenate([a for t in batch for a in (t.prompt_tokens, t.response_tokens)])
-    return _ids_in_range(ids) and _all_finite(np.concatenate([t.response_logprobs for t in batch]))
+    masks = [t.loss_mask for t in batch if t.loss_mask is not None]
+    return (
+        _ids_in_range(ids)
+        and _all_finite(np.concatenate([t.response_logprobs for t in batch]))
+        and (not masks or _bits_ok(np.concatenate(masks)))
+    )
+
+
+def _check_attempt(record: Mapping[str, Any]) -> None:
+    """task_id and attempt agree: no task and attempt 0, or a task and its delivery count (>= 1)."""
+    task_id, attempt = record.get("task_id"), record.get("attempt", 0)
+    if attempt < 0:
+        raise AttemptError(f"attempt={attempt} must be >= 0 (0: not from a task; 1: a task's first delivery)")
+    if task_id is None:
+        if attempt:
+            raise AttemptError(
+                f"attempt={attempt} without a task_id: send the task's id, or attempt 0 for a sample "
+                "not from a task"
+            )
+        return
+    if not str(task_id).strip():
+        raise EmptyIdError(f"task_id={task_id!r} is empty: send the task's id, or null when not from a task")
+    if attempt == 0:
+        raise AttemptError(
+            f"task_id={task_id!r} with attempt=0: a task's deliveries count from 1; send the "
+            "delivery count as attempt (or task_id null when the sample is not from a task)"
+        )
+
+
+def _check_loss_mask(record: Mapping[str, Any], count: int, *, values: bool) -> npt.NDArray[np.uint8] | None:
+    """The loss mask as a uint8 view (no copy), None when absent; one byte per response token."""
+    packed = record.get("loss_mask")
+    if packed is None:
+        return None
+    mask = np.frombuffer(packed, dtype=np.uint8)
+    if len(mask) != count:
+        raise LengthMismatchError(
+            f"len(loss_mask)={len(mask)} != len(response_tokens)={count}: send one mask byte per "
+            "response token (schemas.pack_mask), or null to train on every token"
+        )
+    if values and not _bits_ok(mask):
+        bad = mask > 1
+        index = int(np.flatnonzero(bad)[0])
+        raise LossMaskError(
+            f"loss_mask[{index}]={int(mask[index])} is neither 0 nor 1 ({int(bad.sum())} of {count} "
+            "are not): 1 trains on the token, 0 masks it out (schemas.pack_mask)"
+        )
+    return mask
+
+
+def _check_version_spans(spans: Sequence[Mapping[str, Any]] | None, count: int) -> None:
+    """The spans cover response tokens [0, count) in order, each non-empty, without gaps or overlap."""
+    if spans is None:
+        return
+    end = 0
+    for i, span in enumerate(spans):
+        start, stop = span["start"], span["end"]
+        if start != end:
+            kind = "a gap" if start > end else "an overlap"
+            raise VersionSpanError(
+                f"version_spans[{i}] starts at {start}, not at {end} ({kind}): spans must cover the "
+                f"response tokens [0, {count}) in order"
+            )
+        if stop <= start:
+            raise VersionSpanError(
+                f"version_spans[{i}]=[{start}, {stop}) is empty: each span covers at least one token"
+            )
+        end = stop
+    if end != count:
+        raise VersionSpanError(
+            f"version_spans end at {end}, not at len(response_tokens)={count}: they must cover [0, "
+            f"{count}); send null when one policy version made the whole response"
+        )
 
 
 def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
     """Check one decoded record and return its token arrays; raises InvalidRecordError subclasses.
 
-    `values=False` skips the token id range and logprob finiteness checks, for a caller that runs
-    `values_ok` over its whole batch.
+    `values=False` skips the token id range, logprob finiteness and mask byte checks, for a
+    caller that runs `values_ok` over its whole batch.
     """
     for field in ("trajectory_id", "group_id"):
         if not str(record[field]).strip():
@@ -100,6 +186,7 @@ def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
         raise GroupIndexError(f"group_size={group_size} must be >= 1")
     if not 0 <= sample_index < group_size:
         raise GroupIndexError(f"sample_index={sample_index} is outside [0, group_size={group_size})")
+    _check_attempt(record)
     prompt = _unpack_int32(record, "prompt_tokens")
     response = _unpack_int32(record, "response_tokens")
     if values:
@@ -121,7 +208,9 @@ def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
             f"response_logprobs[{bad}]={float(logprobs[bad])!r} is not finite "
             f"({int((~finite).sum())} of {len(logprobs)} are not): logprobs must be real numbers"
         )
+    mask = _check_loss_mask(record, len(response), values=values)
+    _check_version_spans(record.get("version_spans"), len(response))
     reward = record.get("precomputed_reward")
     if reward is not None and not math.isfinite(reward):
         raise NonFiniteValueError(f"precomputed_reward={reward!r} is not finite: send a real number or null")
-    return TokenArrays(prompt, response, logprobs)
+    return TokenArrays(prompt, response, logprobs, mask)

@@ -32,7 +32,8 @@ PARENT_CHECK_S = 1.0
 """How often a pool process checks that the worker that started it is alive."""
 CPU_HEAVY = frozenset({"math", "extraction"})
 """Verifiers judged in the pool: pure Python work of a few hundred microseconds per record."""
-TOKEN_FIELDS = ("prompt_tokens", "response_tokens", "response_logprobs")
+TOKEN_FIELDS = ("prompt_tokens", "response_tokens", "response_logprobs", "loss_mask")
+"""Packed per-token fields, which no verifier reads: records go to the pool without them."""
 
 _verifiers: DomainVerifiers | None = None
 

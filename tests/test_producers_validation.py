@@ -25,6 +25,12 @@ BROKEN = {
     "empty id": ({"trajectory_id": " "}, "trajectory_id", "non-empty"),
     "not packed": ({"response_tokens": [1, 2, 3]}, "response_tokens", "not packed bytes"),
     "schema": ({"worker_id": 7}, "schema", "does not fit schema"),
+    "negative attempt": ({"task_id": "t", "attempt": -1}, "attempt", "attempt=-1 must be an integer >= 0"),
+    "task without attempt": ({"task_id": "t"}, "attempt", "task_id='t' with attempt=0"),
+    "mask length": ({"task_id": "t", "attempt": 1, "loss_mask": b"\x01"}, "loss_mask", "1 loss mask bytes for"),
+    "mask byte": ({"task_id": "t", "attempt": 1, "loss_mask": b"\x01" * 127 + b"\x07"}, "loss_mask", "loss_mask[127]=7 is neither 0 nor 1"),
+    "span gap": ({"version_spans": [{"start": 0, "end": 2, "version": 1}, {"start": 4, "end": 128, "version": 2}]}, "version_spans", "starts at 4, not at 2 (a gap)"),
+    "span short": ({"version_spans": [{"start": 0, "end": 100, "version": 1}]}, "version_spans", "end at 100, not at the response's 128 tokens"),
 }  # fmt: skip
 
 
@@ -41,6 +47,13 @@ def test_each_broken_invariant_is_refused_at_the_call_site(bootstrap_servers, ma
     assert words in str(caught.value) and "not sent" in str(caught.value)
     assert caught.value.trajectory_id == str(record["trajectory_id"])
     assert publisher.published == 0
+
+
+def test_the_fleet_record_has_128_response_tokens_and_a_task_sample_passes(record):
+    assert len(record["response_tokens"]) == 4 * 128  # the BROKEN cases above are sized for it
+    spans = [{"start": 0, "end": 5, "version": 1}, {"start": 5, "end": 128, "version": 2}]
+    task = {**record, "task_id": "t", "attempt": 2, "loss_mask": b"\x01\x00" * 64, "version_spans": spans}
+    TrajectoryValidator().check(task)
 
 
 def test_missing_fields_are_named(record):

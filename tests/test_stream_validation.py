@@ -19,14 +19,17 @@ from stream_processors import (
 )
 from stream_processors.advantages import group_advantages
 from stream_processors.exceptions import (
+    AttemptError,
     EmptyIdError,
     GroupIndexError,
     LengthMismatchError,
+    LossMaskError,
     NonFiniteValueError,
     PackedBufferError,
     TokenIdError,
+    VersionSpanError,
 )
-from stream_processors.validation import MAX_TOKEN_ID
+from stream_processors.validation import MAX_TOKEN_ID, values_ok
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -101,11 +104,33 @@ def test_validate_returns_zero_copy_arrays():
             TokenIdError,
             r"response_tokens\[0\]=2147483647 .*\(2 of 2 are\)",
         ),
+        ({"loss_mask": b"\x01"}, LengthMismatchError, r"len\(loss_mask\)=1 != len\(response_tokens\)=2"),
+        ({"loss_mask": b"\x01\xff"}, LossMaskError, r"loss_mask\[1\]=255 is neither 0 nor 1 \(1 of 2"),
+        ({"version_spans": []}, VersionSpanError, r"end at 0, not at len\(response_tokens\)=2"),
+        (
+            {"version_spans": [{"start": 0, "end": 0, "version": 1}, {"start": 0, "end": 2, "version": 2}]},
+            VersionSpanError,
+            r"version_spans\[0\]=\[0, 0\) is empty",
+        ),
+        ({"task_id": "t-1"}, AttemptError, "task_id='t-1' with attempt=0"),
+        ({"attempt": -2}, AttemptError, "attempt=-2 must be >= 0"),
+        ({"attempt": 1}, AttemptError, "attempt=1 without a task_id"),
+        ({"task_id": "", "attempt": 1}, EmptyIdError, "task_id='' is empty"),
     ],
 )
 def test_validate_names_the_bad_field_and_value(changes, error, message):
     with pytest.raises(error, match=message):
         validate(make_record(**changes))
+
+
+def test_a_task_sample_keeps_its_mask_as_a_view_and_values_false_leaves_the_bytes_to_the_batch_check():
+    record = make_record(
+        task_id="t-1", attempt=1, loss_mask=b"\x00\x01", version_spans=[{"start": 0, "end": 2, "version": 3}]
+    )
+    assert validate(record).loss_mask.tolist() == [0, 1]
+    bad = make_record(loss_mask=b"\x01\x02")
+    assert validate(bad, values=False).loss_mask.tolist() == [1, 2]
+    assert values_ok([validate(record)]) and not values_ok([validate(record), validate(bad, values=False)])
 
 
 def test_token_ids_up_to_the_limit_are_accepted():
