@@ -16,7 +16,7 @@ import pyarrow as pa
 from deltalake import ColumnProperties, WriterProperties
 
 from schemas.profile import load_profile
-from schemas.tables import TIMESTAMP, TRAJECTORIES_SCHEMA
+from schemas.tables import TIMESTAMP, TRAJECTORIES_SCHEMA, VERSION_SPAN
 from stream_processors.exceptions import SinkError
 from stream_processors.offsets import Coordinates, TxnTable
 from stream_processors.rows import ScoredTrajectory
@@ -34,6 +34,7 @@ DICTIONARY_COLUMNS = (
     "bucket",
     "profile_id",
     "topic",
+    "logprob_mode",
 )
 """The low-cardinality string columns, the only ones Parquet dictionary-encodes."""
 
@@ -53,8 +54,16 @@ def writer_properties() -> WriterProperties:
     )
 
 
-def list_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.DataType) -> pa.ListArray:
-    """A list<value_type> column from per-row numpy arrays: one concatenation plus int32 offsets."""
+def list_column(
+    arrays: Sequence[npt.NDArray[np.generic]],
+    value_type: pa.DataType,
+    *,
+    nulls: npt.NDArray[np.bool_] | None = None,
+) -> pa.ListArray:
+    """A list<value_type> column from per-row numpy arrays: one concatenation plus int32 offsets.
+
+    `nulls` marks the rows that are null (their arrays are empty).
+    """
     lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -64,7 +73,22 @@ def list_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.DataTy
             "offsets allow: lower batch_size"
         )
     values = np.concatenate(arrays) if arrays else np.empty(0, dtype=value_type.to_pandas_dtype())
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+    mask = None if nulls is None or not nulls.any() else pa.array(nulls)
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type), mask=mask
+    )
+
+
+_NO_MASK = np.zeros(0, dtype=np.bool_)
+
+
+def loss_mask_column(rows: Sequence[ScoredTrajectory]) -> pa.Array:
+    """list<bool> of each row's loss mask (validated 0/1 bytes, viewed as booleans); null without one."""
+    masks = [r.tokens.loss_mask for r in rows]
+    if all(m is None for m in masks):
+        return pa.nulls(len(rows), pa.list_(pa.bool_()))
+    nulls = np.fromiter((m is None for m in masks), dtype=np.bool_, count=len(masks))
+    return list_column([_NO_MASK if m is None else m.view(np.bool_) for m in masks], pa.bool_(), nulls=nulls)
 
 
 def trajectories_table(
@@ -114,6 +138,11 @@ def trajectories_table(
         "topic": pa.array([c.topic for c in coordinates], pa.string()),
         "partition": pa.array([c.partition for c in coordinates], pa.int32()),
         "offset": pa.array([c.offset for c in coordinates], pa.int64()),
+        "task_id": pa.array([rec.get("task_id") for rec in records], pa.string()),
+        "attempt": pa.array([rec.get("attempt", 0) for rec in records], pa.int32()),
+        "loss_mask": loss_mask_column(rows),
+        "version_spans": pa.array([rec.get("version_spans") for rec in records], pa.list_(VERSION_SPAN)),
+        "logprob_mode": pa.array([rec.get("logprob_mode") for rec in records], pa.string()),
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORIES_SCHEMA)
 

@@ -9,6 +9,12 @@ conflicts) and we reload and filter again. `commit` is the trajectories table's:
 the rows and the versions from its own state (state.py) and writes that state in the same commit,
 fenced by the versions it expects per partition, so several workers of one app id (one consumer
 group) append to one table side by side and a zombie that lost its partitions cannot write them.
+`append_missing` writes messages decided after later ones were stored (the dead letters of decided
+groups), skipping those the table already holds.
+
+A write whose data has columns the table lacks (a table created by an older rollstream) first adds
+them by Delta schema evolution, in a commit of their own (ADD COLUMN: nullable, at the end, the
+existing order kept, no protocol upgrade); the older rows read them as null.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from stream_processors.exceptions import SinkError, StreamProcessorError
@@ -176,6 +182,8 @@ class TxnTable:
         Raises:
             SinkError: more conflicts than `commit_retries`, or the write failed (disk, permissions).
         """
+        if table is not None and _new_columns(table, data.schema):
+            self._add_columns(table, data.schema)
         try:
             write_deltalake(
                 table if table is not None else self.uri,
@@ -196,8 +204,31 @@ class TxnTable:
             log.warning("%s: concurrent commit (%s); reloading and retrying", self.uri, exc)
             return attempt
         except (DeltaError, OSError) as exc:
-            raise SinkError(f"appending {data.num_rows} rows to {self.uri} failed: {exc}") from exc
+            raise SinkError(
+                f"appending {data.num_rows} rows to {self.uri} failed: {exc}{_missing_hint(table, data)}"
+            ) from exc
         return 0
+
+    def _add_columns(self, table: DeltaTable, schema: pa.Schema) -> None:
+        """Add the columns of `schema` the table lacks, at its end, in a commit of their own.
+
+        Raises:
+            SinkError: the table refused them (and no concurrent writer added them meanwhile).
+        """
+        added = _new_columns(table, schema)
+        log.info("%s: adding columns %s (Delta schema evolution)", self.uri, added)
+        try:
+            table.alter.add_columns(
+                list(Schema.from_arrow(pa.schema([schema.field(n) for n in added])).fields)
+            )
+        except (DeltaError, OSError) as exc:
+            table.update_incremental()
+            if _new_columns(table, schema):  # not a concurrent writer adding them first
+                raise SinkError(
+                    f"adding columns {added} to {self.uri} failed: {exc}; the table must accept new "
+                    "nullable columns (its writer protocol allows it unless a newer rollstream changed it)"
+                ) from exc
+        table.update_incremental()
 
     def _check_fence(self, table: DeltaTable | None, expected: Mapping[TopicPartition, int]) -> None:
         for (topic, partition), want in sorted(expected.items()):
@@ -209,6 +240,41 @@ class TxnTable:
                     f"read or wrote {want} (app id {self.app_id!r}): another worker writes this partition. "
                     "Kafka gave it to that worker; this one stops, and a restart resumes from Delta"
                 )
+
+    def append_missing(
+        self,
+        coordinates: Sequence[Coordinates],
+        build: Callable[[list[int]], pa.Table],
+        held: Callable[[DeltaTable, list[Coordinates]], set[Coordinates]],
+    ) -> int:
+        """Append the rows the table does not hold yet, even at offsets below its txn versions.
+
+        `held(table, candidates)` names which candidates (offsets at or below their partition's
+        txn version) the table already holds; offsets above it are new. The txn versions become
+        the highest offsets stored. Returns how many rows were written.
+        """
+        attempt = 0
+        while True:
+            table = self.refresh()
+            stored = self._stored(table, list(highest_offsets(coordinates)))
+            below = [c for c in coordinates if c.offset <= stored.get((c.topic, c.partition), -1)]
+            present = held(table, below) if below and table is not None else set()
+            keep = [i for i, c in enumerate(coordinates) if c not in present]
+            if not keep:
+                return 0
+            highest = highest_offsets([coordinates[i] for i in keep])
+            now_ms = int(time.time() * 1000)
+            txns = [
+                Transaction(
+                    txn_app_id(self.app_id, topic, partition),
+                    max(offset, stored.get((topic, partition), -1)),
+                    now_ms,
+                )
+                for (topic, partition), offset in sorted(highest.items())
+            ]
+            attempt = self._append(table, build(keep), CommitProperties(app_transactions=txns), attempt)
+            if not attempt:
+                return len(keep)
 
     def append(self, coordinates: Sequence[Coordinates], build: Callable[[list[int]], pa.Table]) -> int:
         """Append the rows whose offsets are new; returns how many were written.
@@ -234,3 +300,22 @@ class TxnTable:
             if attempt:
                 continue
             return len(keep)
+
+
+def _new_columns(table: DeltaTable, schema: pa.Schema) -> list[str]:
+    """The columns of `schema` that the existing Delta table lacks."""
+    names = {f.name for f in table.schema().fields}
+    return [name for name in schema.names if name not in names]
+
+
+def _missing_hint(table: DeltaTable | None, data: pa.Table) -> str:
+    """Why a write may have failed: the table has columns the data lacks (a newer writer evolved it)."""
+    if table is None:
+        return ""
+    lacking = [f.name for f in table.schema().fields if f.name not in set(data.column_names)]
+    if not lacking:
+        return ""
+    return (
+        f" (the table has columns this rollstream does not write: {lacking}; a newer rollstream "
+        "evolved it: upgrade this worker)"
+    )

@@ -176,6 +176,8 @@ def fast_table(
         "partition": pa.array((ids % 2).astype(np.int32)),
         "offset": pa.array(ids.astype(np.int64)),
     }
+    for name in TRAJECTORIES_SCHEMA.names[len(columns) :]:  # the task columns: not from a task
+        columns[name] = pa.nulls(count, TRAJECTORIES_SCHEMA.field(name).type)
     return pa.Table.from_pydict(columns, schema=TRAJECTORIES_SCHEMA)
 
 
