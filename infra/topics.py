@@ -76,10 +76,12 @@ def load_topics(settings: Settings, path: Path = TOPICS_FILE) -> list[TopicSpec]
         tables = tomllib.loads(path.read_text()).get("topics", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise TopicProvisionError(f"cannot read topic declarations {path}: {exc}") from exc
-    unknown = sorted(set(tables) - set(ROLES))
+    unknown = sorted(role for role, body in tables.items() if role not in ROLES and not _named(body))
     if unknown:
-        raise TopicProvisionError(f"{path}: unknown topic role(s) {unknown}; known roles: {list(ROLES)}")
-    specs = [_spec(role, getattr(settings, f"{role}_topic"), body, path) for role, body in tables.items()]
+        raise TopicProvisionError(
+            f"{path}: unknown topic role(s) {unknown}; known roles: {list(ROLES)}, or give the table a name"
+        )
+    specs = [_spec(role, _name(settings, role, body), body, path) for role, body in tables.items()]
     return [fit_to_cluster(spec, settings.brokers) for spec in specs]
 
 
@@ -96,10 +98,23 @@ def fit_to_cluster(spec: TopicSpec, brokers: int) -> TopicSpec:
     return TopicSpec(spec.role, spec.name, spec.partitions, replication, config)
 
 
+def _named(body: Any) -> bool:
+    return isinstance(body, dict) and isinstance(body.get("name"), str) and bool(body["name"])
+
+
+def _name(settings: Settings, role: str, body: Any) -> str:
+    """A role's topic: named by settings (``<role>_topic``), or for a role no setting names, by `name`."""
+    if role in ROLES:
+        return str(getattr(settings, f"{role}_topic"))
+    return str(body["name"])
+
+
 def _spec(role: str, name: str, body: Any, path: Path) -> TopicSpec:
     where = f"{path} [topics.{role}]"
-    if not isinstance(body, dict) or set(body) - {"partitions", "replication", "config"}:
-        raise TopicProvisionError(f"{where}: expected only partitions, replication and a config table")
+    if role in ROLES and isinstance(body, dict) and "name" in body:
+        raise TopicProvisionError(f"{where}: settings name this topic ({role}_topic); drop name")
+    if not isinstance(body, dict) or set(body) - {"name", "partitions", "replication", "config"}:
+        raise TopicProvisionError(f"{where}: expected only name, partitions, replication and a config table")
     counts = {key: body.get(key) for key in ("partitions", "replication")}
     for key, value in counts.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

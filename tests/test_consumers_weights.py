@@ -34,9 +34,10 @@ from consumers.weights import (
 from consumers.weights.store import PoliciesTable
 from infra.object_store import start_object_store, stop_object_store
 from infra.settings import Settings
+from infra.topics import TopicSpec, load_topics
 from schemas import TrajectoryCodec, UnknownSchemaError
 from schemas.exceptions import PolicyVersionError
-from schemas.policy_version import PolicyVersion, PolicyVersionCodec
+from schemas.policy_version import POLICY_VERSIONS_TOPIC, PolicyVersion, PolicyVersionCodec
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -241,10 +242,21 @@ def test_the_codec_round_trips_and_stays_apart_from_trajectories() -> None:
         PolicyVersion.from_dict({**record.as_dict(), "number": -1})
 
 
+def _declared_policies_topic() -> TopicSpec:
+    (spec,) = [spec for spec in load_topics(Settings()) if spec.role == "policies"]
+    return spec
+
+
+def test_the_topic_is_declared_compacted() -> None:
+    spec = _declared_policies_topic()
+    assert spec.name == POLICY_VERSIONS_TOPIC
+    assert spec.config["cleanup.policy"] == "compact" and spec.partitions == 1
+
+
 def test_announcements_reach_the_compacted_topic_and_restart_reannounces(
     tmp_path: Path, bootstrap_servers: str, make_topic: Callable[..., str]
 ) -> None:
-    topic = make_topic("policies", config={"cleanup.policy": "compact"})
+    topic = make_topic("policies", config=dict(_declared_policies_topic().config))
     config = {"bootstrap.servers": bootstrap_servers}
     lake = str(tmp_path / "lake")
     assert reannounce_latest(lake, config, topic=topic) is None
