@@ -46,6 +46,7 @@ from stream_processors.preflight import OffsetStore, check_stored_offsets, topic
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
 from stream_processors.progress import Progress
 from stream_processors.stage import BatchStats, Stage
+from stream_processors.task_window import DEFAULT_TASK_WINDOW
 from stream_processors.verifier_pool import VerifierPool
 from stream_processors.verifiers import DomainVerifiers, VerifierRegistry
 
@@ -168,6 +169,7 @@ def create_app(
     group_wall_timeout_s: float = 30.0,
     domain_decay: float = 1.0,
     domain_warmup: int = 32,
+    task_window: int = DEFAULT_TASK_WINDOW,
     commit_bytes: int = 64 * 2**20,
     commit_interval_s: float = 1.0,
     raw_buffer_bytes: int = 256 * 2**20,
@@ -205,6 +207,8 @@ def create_app(
         normalization: how group advantages are computed (advantages.py); default GRPO.
         group_event_timeout_s, group_wall_timeout_s: the timeout rule of groups.py.
         domain_decay, domain_warmup: per-domain running statistics (domain_stats.py).
+        task_window: completed task ids remembered per source partition: another complete
+            attempt of one of them is a dead letter `duplicate_attempt` (attempts.py).
         commit_bytes, commit_interval_s: a commit is made once the decided rows hold this many
             message bytes, or once the oldest waited this long; when the lanes are caught up
             (less than a batch waits behind their last batches), once the oldest waited 0.25 s.
@@ -278,6 +282,7 @@ def create_app(
         groups=GroupBuffer(event_timeout_s=group_event_timeout_s, wall_timeout_s=group_wall_timeout_s),
         decay=domain_decay,
         warmup=domain_warmup,
+        task_window=task_window,
         commit_bytes=commit_bytes,
         commit_interval_s=commit_interval_s,
         write_retries=write_retries,

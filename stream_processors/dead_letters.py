@@ -14,6 +14,10 @@ Nothing else duplicates: librdkafka's own retries are deduplicated by the idempo
 letters the broker acknowledged are not sent again by a commit or stage retry in this process, and
 a replay whose letters are already in the table sends nothing. Readers of the topic drop
 duplicates by their source_* headers.
+
+Letters of decided groups (`write_decided`: another attempt of a task, a sample of another attempt
+in a group) are written when their group is decided, which may be after letters at higher offsets
+of the partition: the table is asked which of them it already holds.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import DeltaError
 
 from schemas.tables import DEAD_LETTERS_SCHEMA
 from stream_processors.exceptions import SinkError
@@ -97,6 +103,21 @@ def dead_letters_table(letters: Sequence[DeadLetter]) -> pa.Table:
     )
 
 
+def held_query(candidates: Sequence[Coordinates]) -> str:
+    """SQL selecting the coordinates of the dead_letters table (registered as `letters`) among `candidates`."""
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for c in candidates:
+        by_partition.setdefault((c.topic, c.partition), []).append(c.offset)
+    clauses = []
+    for (topic, partition), offsets in sorted(by_partition.items()):
+        quoted = topic.replace("'", "''")
+        listed = ", ".join(str(int(o)) for o in sorted(offsets))
+        clauses.append(
+            f'("topic" = \'{quoted}\' AND "partition" = {int(partition)} AND "offset" IN ({listed}))'
+        )
+    return f'SELECT "topic", "partition", "offset" FROM letters WHERE {" OR ".join(clauses)}'
+
+
 @dataclass(slots=True)
 class _Deliveries:
     """Delivery reports of one send: rejected as too large, or failed otherwise."""
@@ -155,6 +176,14 @@ class DeadLetters:
 
     def write(self, letters: Sequence[DeadLetter]) -> int:
         """Send the letters not yet stored to the topic, then append them; returns how many."""
+        return self._write(letters, decided=False)
+
+    def write_decided(self, letters: Sequence[DeadLetter]) -> int:
+        """Like `write`, for letters of decided groups, whose offsets may lie below letters already
+        stored: those the table holds (a replay deciding them again) are skipped by a lookup."""
+        return self._write(letters, decided=True)
+
+    def _write(self, letters: Sequence[DeadLetter], *, decided: bool) -> int:
         if not letters:
             return 0
         if self._closed:
@@ -168,9 +197,29 @@ class DeadLetters:
             self._produce([d for d in fresh if d.coordinates not in self._acknowledged])
             return dead_letters_table(fresh)
 
-        written = self.table.append(coordinates, build)
+        if decided:
+            written = self.table.append_missing(coordinates, build, self._held)
+        else:
+            written = self.table.append(coordinates, build)
         self._acknowledged.difference_update(coordinates)
         return written
+
+    def _held(self, table: DeltaTable, candidates: list[Coordinates]) -> set[Coordinates]:
+        """Which of `candidates` the table already holds (one query, through deltalake)."""
+        try:
+            found = pa.table(
+                QueryBuilder().register("letters", table).execute(held_query(candidates)).read_all()
+            )
+        except (DeltaError, OSError, ValueError) as exc:
+            raise SinkError(
+                f"looking up stored dead letters in {self.table.uri} failed: {exc}; the table must be "
+                "readable to write the letters of decided groups (check the lake's storage)"
+            ) from exc
+        columns = found.to_pydict()
+        return {
+            Coordinates(str(t), int(p), int(o))
+            for t, p, o in zip(columns["topic"], columns["partition"], columns["offset"], strict=True)
+        }
 
     def _produce(self, letters: Sequence[DeadLetter]) -> None:
         """Send letters and wait for the broker; a letter rejected as too large goes again, cut."""

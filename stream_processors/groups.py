@@ -11,7 +11,10 @@ Either way the group is released as "timed_out" with the samples it has. Samples
 (group_id, sample_index). A second sample with an index already pending is released at once on
 its own as "duplicate", and a sample of a group decided recently (`remember` ids are kept) as
 "late": both become rows with advantage 0, never dead letters, so that whether a message is a row
-or a dead letter stays a function of its bytes (a replay may see them in another order).
+or a dead letter stays a function of its bytes (a replay may see them in another order). A sample
+whose (task_id, attempt) differs from its pending group's is released on its own as "mixed" (the
+stage makes it a dead letter, attempts.py); the pending groups are rebuilt by a replay in their
+partition's order, so that too is decided the same way again.
 """
 
 from __future__ import annotations
@@ -26,10 +29,23 @@ from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.validation import TokenArrays
 from stream_processors.verifiers.base import Verdict
 
+Attempt = tuple[str | None, int]
+"""(task_id, attempt) of a sample; (None, 0) when it is not from a task."""
+
+
+def attempt_of(record: dict[str, Any]) -> Attempt:
+    """The (task_id, attempt) a record carries."""
+    task_id = record.get("task_id")
+    return (None if task_id is None else str(task_id), int(record.get("attempt", 0)))
+
 
 @dataclass(slots=True)
 class Sample:
-    """A judged trajectory waiting for the rest of its group."""
+    """A judged trajectory waiting for the rest of its group.
+
+    `raw` and `key` are its message's, kept for a sample from a task only: a later attempt's
+    complete group becomes dead letters, which carry them.
+    """
 
     coordinates: Coordinates
     record: dict[str, Any]
@@ -37,6 +53,8 @@ class Sample:
     verdict: Verdict
     bucket: str
     nbytes: int
+    raw: bytes | None = None
+    key: bytes | None = None
 
     @property
     def created_ms(self) -> int:
@@ -52,6 +70,7 @@ class PendingGroup:
     group_id: str
     group_size: int
     first_wall: float
+    attempt: Attempt
     samples: dict[int, Sample] = field(default_factory=dict)
     oldest_ms: int = 2**62
     partitions: set[TopicPartition] = field(default_factory=set)
@@ -66,12 +85,14 @@ class PendingGroup:
 class DecidedGroup:
     """A group released to be written: samples in sample_index order, and why it was released.
 
-    status: "complete", "timed_out", "duplicate" or "late" (see the module docstring).
+    status: "complete", "timed_out", "duplicate", "late" or "mixed" (see the module docstring);
+    attempt: the group's (task_id, attempt), which a "mixed" sample does not share.
     """
 
     group_id: str
     samples: list[Sample]
     status: str
+    attempt: Attempt = (None, 0)
 
 
 class GroupBuffer:
@@ -111,15 +132,18 @@ class GroupBuffer:
         record = sample.record
         group_id, index = str(record["group_id"]), int(record["sample_index"])
         if group_id in self._decided:
-            return DecidedGroup(group_id, [sample], "late")
+            return DecidedGroup(group_id, [sample], "late", attempt_of(record))
         group = self._pending.get(group_id)
+        attempt = attempt_of(record)
         if group is None:
             group = PendingGroup(
-                group_id, int(record["group_size"]), time.monotonic() if now is None else now
+                group_id, int(record["group_size"]), time.monotonic() if now is None else now, attempt
             )
             self._pending[group_id] = group
+        elif attempt != group.attempt:
+            return DecidedGroup(group_id, [sample], "mixed", group.attempt)
         elif index in group.samples:
-            return DecidedGroup(group_id, [sample], "duplicate")
+            return DecidedGroup(group_id, [sample], "duplicate", attempt)
         group.samples[index] = sample
         group.oldest_ms = min(group.oldest_ms, sample.created_ms)
         tp = (sample.coordinates.topic, sample.coordinates.partition)
@@ -159,4 +183,6 @@ class GroupBuffer:
         self._decided[group_id] = None
         while len(self._decided) > self.remember:
             self._decided.popitem(last=False)
-        return DecidedGroup(group_id, [group.samples[i] for i in sorted(group.samples)], status)
+        return DecidedGroup(
+            group_id, [group.samples[i] for i in sorted(group.samples)], status, group.attempt
+        )

@@ -166,9 +166,10 @@ class BatchProcessor:
                 )
                 out.execution_coordinates.append(message.coordinates)
             bucket = self.profile.bucket_of(tokens.length)
-            out.samples.append(
-                Sample(message.coordinates, record, tokens, verdict, bucket, len(message.value or b""))
-            )
+            sample = Sample(message.coordinates, record, tokens, verdict, bucket, len(message.value or b""))
+            if record.get("task_id") is not None:
+                sample.raw, sample.key = message.value, message.key
+            out.samples.append(sample)
             out.sources.append(message)
         out.seconds = time.perf_counter() - start
         return out

@@ -13,7 +13,9 @@ Steps of `accept`:
      rows could record their offsets as decided;
   2. buffer each sample in its group (groups.py); a decided group gets its advantages
      (advantages.py), updates its owner partition's domain statistics, and its rows join the
-     outbox;
+     outbox, unless it is another attempt of a task that has a complete group, or a sample of
+     another attempt than its group's (attempts.py): those become dead letters, written at once
+     (`DeadLetters.write_decided`), their offsets holes of the next commit;
   3. release the groups the timeout rule decides;
   4. commit the outbox when it holds `commit_bytes` or is `commit_interval_s` old: the rows, the
      txn versions and the state (state.py) in one Delta commit. With `background_commits` (the
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from stream_processors.advantages import NO_SIGNAL_STATUSES, GroupNormalization, Member, decide_group
+from stream_processors.attempts import refused
 from stream_processors.dead_letters import DeadLetter, DeadLetters
 from stream_processors.dedup import DEFAULT_WINDOW, RecentTrajectories
 from stream_processors.delta_sink import DeltaSink, trajectories_table
@@ -47,6 +50,7 @@ from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
 from stream_processors.rows import ScoredTrajectory
 from stream_processors.state import PartitionState, SinkState
+from stream_processors.task_window import DEFAULT_TASK_WINDOW
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,8 @@ class Stage:
         write_retries, retry_backoff_s: retries of a failing write before the worker stops.
         dedup_window: offsets per partition within which a re-sent trajectory is recognised as a
             duplicate (dedup.py); 0 turns the rule off.
+        task_window: completed task ids remembered per partition, within which another complete
+            attempt of a task is a dead letter `duplicate_attempt` (attempts.py).
         background_commits: a due outbox is written by a committer thread while `accept` goes on
             with the next batches (one commit at a time; its rows stay unsafe until it is stored,
             and `accept`, `tick` and `flush` report its rows once it is). False writes it in the
@@ -125,6 +131,7 @@ class Stage:
         write_retries: int = 5,
         retry_backoff_s: float = 0.5,
         dedup_window: int = DEFAULT_WINDOW,
+        task_window: int = DEFAULT_TASK_WINDOW,
         background_commits: bool = False,
     ) -> None:
         self.processor = processor
@@ -133,7 +140,7 @@ class Stage:
         self.executions = executions
         self.normalization = normalization if normalization is not None else GroupNormalization()
         self.groups = groups if groups is not None else GroupBuffer()
-        self.state = SinkState(sink.table.app_id, decay=decay, warmup=warmup)
+        self.state = SinkState(sink.table.app_id, decay=decay, warmup=warmup, task_window=task_window)
         self.recent = RecentTrajectories(dedup_window)
         self.commit_bytes = commit_bytes
         self.commit_interval_s = commit_interval_s
@@ -146,6 +153,8 @@ class Stage:
         self._outbox_coords: list[Coordinates] = []
         self._outbox_bytes = 0
         self._outbox_since: float | None = None
+        self._letters: list[DeadLetter] = []  # of decided groups, not yet written
+        self._letter_coords: list[Coordinates] = []  # written since the last commit: its holes
         self._revoked: set[TopicPartition] = set()
         self._lock = threading.Lock()
         self._committer = (
@@ -211,7 +220,7 @@ class Stage:
             for tp in touched:
                 if tp not in self.recent:
                     self.recent.load(self.sink.table, tp, self.state.partition(tp).next)
-            samples, duplicates = self._deduplicate(batch)
+            kept, duplicates = self._deduplicate(batch)
             executions = 0
             if self.executions is not None and batch.executions:
                 audit = self.executions
@@ -220,13 +229,14 @@ class Stage:
                 )
             dead = [*batch.dead_letters, *duplicates]
             letters = self._retrying("dead_letters", lambda: self.dead_letters.write(dead))
-            skipped = batch.skipped + len(batch.samples) - len(samples) - len(duplicates)
-            for sample in samples:
-                c = sample.coordinates
-                self._pending.add(c)
+            skipped = batch.skipped + len(batch.samples) - len(kept) - len(duplicates)
+            for sample, source in kept:
+                self._pending.add(sample.coordinates)
                 decided = self.groups.add(sample, now)
                 if decided is not None:
-                    self._decide(decided, now)
+                    self._decide(decided, now, source)
+            decided_letters = len(self._letters)
+            letters += self._write_letters()
             for c in batch.coordinates:
                 tp = (c.topic, c.partition)
                 if c.offset > self._seen.get(tp, -1):
@@ -237,7 +247,7 @@ class Stage:
                 rows_written=rows,
                 dead_letters_written=letters,
                 rows_skipped=skipped,
-                dead_letters_skipped=len(dead) - letters,
+                dead_letters_skipped=len(dead) + decided_letters - letters,
                 seconds=time.perf_counter() - start + batch.seconds,
                 process_seconds=batch.seconds,
                 executions_written=executions,
@@ -253,6 +263,7 @@ class Stage:
             now = time.monotonic() if now is None else now
             for decided in self.groups.expire(now, idle=idle):
                 self._decide(decided, now)
+            self._write_letters()
             return self._maybe_commit(now, caught_up=caught_up)
 
     def flush(self) -> int:
@@ -272,6 +283,7 @@ class Stage:
             self._revoked |= gone
             self.groups.drop(gone)
             self._pending = {c for c in self._pending if (c.topic, c.partition) not in gone}
+            self._letter_coords = [c for c in self._letter_coords if (c.topic, c.partition) not in gone]
             for tp in gone:
                 self._seen.pop(tp, None)
             self.state.drop(gone)
@@ -293,7 +305,8 @@ class Stage:
         with self._lock:
             safe = {tp: seen + 1 for tp, seen in self._seen.items()}
             committing = self._committing.coordinates if self._committing is not None else ()
-            for c in (*self._pending, *self._outbox_coords, *committing):
+            unwritten = [d.coordinates for d in self._letters]
+            for c in (*self._pending, *self._outbox_coords, *committing, *unwritten):
                 tp = (c.topic, c.partition)
                 if c.offset < safe.get(tp, c.offset + 1):
                     safe[tp] = c.offset
@@ -306,9 +319,10 @@ class Stage:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _deduplicate(self, batch: JudgedBatch) -> tuple[list[Sample], list[DeadLetter]]:
-        """Step 0: the batch's undecided samples that are not re-sent copies, and the copies' letters."""
-        kept: list[Sample] = []
+    def _deduplicate(self, batch: JudgedBatch) -> tuple[list[tuple[Sample, SourceMessage]], list[DeadLetter]]:
+        """Step 0: the batch's undecided samples that are not re-sent copies (with their messages),
+        and the copies' letters."""
+        kept: list[tuple[Sample, SourceMessage]] = []
         letters: list[DeadLetter] = []
         for sample, source in zip(batch.samples, batch.sources, strict=True):
             c = sample.coordinates
@@ -317,7 +331,7 @@ class Stage:
             tid = str(sample.record["trajectory_id"])
             first = self.recent.check((c.topic, c.partition), tid, c.offset)
             if first is None:
-                kept.append(sample)
+                kept.append((sample, source))
                 continue
             letters.append(
                 DeadLetter(
@@ -331,8 +345,23 @@ class Stage:
             )
         return kept, letters
 
-    def _decide(self, decided: DecidedGroup, now: float) -> None:
+    def _write_letters(self) -> int:
+        """Write the letters of decided groups (their offsets may lie below stored letters)."""
+        if not self._letters:
+            return 0
+        letters = self._letters
+        written = self._retrying("dead_letters", lambda: self.dead_letters.write_decided(letters))
+        self._letter_coords.extend(d.coordinates for d in letters)
+        self._letters = []
+        return written
+
+    def _decide(self, decided: DecidedGroup, now: float, source: SourceMessage | None = None) -> None:
         samples = decided.samples
+        letters = refused(decided, self.state, source)
+        if letters:
+            self._letters.extend(letters)
+            self._pending.difference_update(s.coordinates for s in samples)
+            return
         members = [
             Member(
                 s.verdict.reward, s.verdict.status, s.verdict.reward_components, len(s.tokens.response_tokens)
@@ -408,7 +437,7 @@ class Stage:
             tp = (c.topic, c.partition)
             lowest[tp] = min(lowest.get(tp, c.offset), c.offset)
         written: dict[TopicPartition, set[int]] = {}
-        for c in self._outbox_coords:
+        for c in (*self._outbox_coords, *self._letter_coords):
             written.setdefault((c.topic, c.partition), set()).add(c.offset)
         for tp in (*self._seen, *written):
             self.state.partition(tp)
@@ -418,7 +447,7 @@ class Stage:
             undecided = min(lowest.get(tp, 2**62), self._seen.get(tp, current.next - 1) + 1)
             nxt = max(current.next, undecided)
             holes = {o for o in current.holes | written.get(tp, set()) if o >= nxt}
-            out[tp] = PartitionState(nxt, holes, current.stats)
+            out[tp] = PartitionState(nxt, holes, current.stats, current.tasks, current.tasks.checkpoint())
         return out
 
     def _commit(self) -> int:
@@ -443,7 +472,12 @@ class Stage:
         rows, coordinates = self._outbox, self._outbox_coords
         states = self._next_states()
         candidate = SinkState(
-            self.state.app_id, self.state.decay, self.state.warmup, states, dict(self.state.topic_ids)
+            self.state.app_id,
+            self.state.decay,
+            self.state.warmup,
+            states,
+            dict(self.state.topic_ids),
+            task_window=self.state.task_window,
         )
         metadata = candidate.metadata(self.sink.profile_id)
         versions = candidate.versions()
@@ -460,9 +494,14 @@ class Stage:
 
     def _clear_outbox(self) -> None:
         self._outbox, self._outbox_coords, self._outbox_bytes, self._outbox_since = [], [], 0, None
+        self._letter_coords = []
 
     def _store(self, version: int, states: Mapping[TopicPartition, PartitionState]) -> None:
         """A commit succeeded: its partition states are the stored ones."""
+        for state in states.values():
+            if state.checkpoint is not None:
+                state.tasks.saved(state.checkpoint)
+                state.checkpoint = None
         self.state.partitions.update(states)
         self.state.last_version = version
 
@@ -498,22 +537,7 @@ class Stage:
 
 def _without(batch: JudgedBatch, revoked: set[TopicPartition]) -> JudgedBatch:
     """`batch` without what came from `revoked` partitions (judged before their revocation)."""
-
-    def kept(c: Coordinates) -> bool:
-        return (c.topic, c.partition) not in revoked
-
-    executions = [
-        (e, c) for e, c in zip(batch.executions, batch.execution_coordinates, strict=True) if kept(c)
-    ]
-    dropped = sum(1 for c in batch.coordinates if not kept(c))
+    dropped = sum(1 for c in batch.coordinates if (c.topic, c.partition) in revoked)
     if dropped:
         log.info("dropping %d messages of revoked partitions judged before the revocation", dropped)
-    return dataclasses.replace(
-        batch,
-        coordinates=[c for c in batch.coordinates if kept(c)],
-        samples=[s for s in batch.samples if kept(s.coordinates)],
-        sources=[m for m in batch.sources if kept(m.coordinates)],
-        dead_letters=[d for d in batch.dead_letters if kept(d.coordinates)],
-        executions=[e for e, _ in executions],
-        execution_coordinates=[c for _, c in executions],
-    )
+    return batch.only(lambda c: (c.topic, c.partition) not in revoked)

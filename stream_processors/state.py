@@ -2,10 +2,11 @@
 
 Per source (topic, partition): `next`, the lowest offset not yet decided (every offset below it is
 a row in the table or a dead letter in its table); `holes`, the offsets at or above `next` already
-written as rows (their groups were decided before an older group of the partition); and the
-running statistics of the domains whose groups this partition owns (a group is owned by the
-partition of its lowest sample_index, so a group spanning rollouts.raw and rollouts.ultra counts
-once). Pending groups themselves are not stored: every sample of a pending group sits at or above
+decided (rows, or dead letters of decided groups: their groups were decided before an older group
+of the partition); the running statistics of the domains whose groups this partition owns (a group
+is owned by the partition of its lowest sample_index, so a group spanning rollouts.raw and
+rollouts.ultra counts once); and the tasks whose first complete group it owns (task_window.py),
+read back by walking the history to the window's last snapshot. Pending groups themselves are not stored: every sample of a pending group sits at or above
 its partition's `next` and outside its holes, so the replay from `next` rebuilds them.
 
 Every commit of rows carries the state of every partition the worker consumed since it started
@@ -27,6 +28,7 @@ from deltalake import DeltaTable
 from schemas.tables import DEAD_LETTERS_SCHEMA, EXECUTIONS_SCHEMA, TRAJECTORIES_SCHEMA
 from stream_processors.domain_stats import DomainStats, RunningStats, merge
 from stream_processors.offsets import Coordinates, TopicPartition, TxnTable
+from stream_processors.task_window import DEFAULT_TASK_WINDOW, TaskChain, TaskCheckpoint, TaskWindow
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,17 @@ STATE_VERSION = 1
 
 @dataclass(slots=True)
 class PartitionState:
-    """What one source partition has decided (see the module docstring)."""
+    """What one source partition has decided (see the module docstring).
+
+    `checkpoint` is what a commit stores of `tasks`, fixed when the commit is prepared (the window
+    keeps changing while a background commit runs); None stores its current form.
+    """
 
     next: int = 0
     holes: set[int] = field(default_factory=set)
     stats: DomainStats = field(default_factory=DomainStats)
+    tasks: TaskWindow = field(default_factory=TaskWindow)
+    checkpoint: TaskCheckpoint | None = None
 
     def done(self, offset: int) -> bool:
         """True when the message at `offset` is already a row or a dead letter."""
@@ -48,7 +56,15 @@ class PartitionState:
 
     def as_dict(self) -> dict[str, Any]:
         """The stored form."""
-        return {"next": self.next, "holes": sorted(self.holes), "domains": self.stats.state_dict()}
+        out: dict[str, Any] = {
+            "next": self.next,
+            "holes": sorted(self.holes),
+            "domains": self.stats.state_dict(),
+        }
+        checkpoint = self.checkpoint if self.checkpoint is not None else self.tasks.checkpoint()
+        if checkpoint is not None:
+            out["tasks"] = checkpoint.form
+        return out
 
 
 def _key(tp: TopicPartition) -> str:
@@ -67,6 +83,7 @@ class SinkState:
     Args:
         app_id: the pipeline's identity (as in the txn app ids).
         decay, warmup: the domain statistics' settings (domain_stats.DomainStats).
+        task_window: completed task ids remembered per partition (task_window.TaskWindow).
     """
 
     app_id: str
@@ -75,16 +92,31 @@ class SinkState:
     partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
     topic_ids: dict[str, str] = field(default_factory=dict)
     last_version: int | None = None
+    task_window: int = DEFAULT_TASK_WINDOW
 
     def partition(self, tp: TopicPartition) -> PartitionState:
         """The state of `tp`, empty when nothing was stored."""
         state = self.partitions.get(tp)
         if state is None:
-            state = self.partitions[tp] = PartitionState(stats=self._stats())
+            state = self.partitions[tp] = self._empty()
         return state
 
     def _stats(self) -> DomainStats:
         return DomainStats(decay=self.decay, warmup=self.warmup)
+
+    def _empty(self, next_offset: int = 0) -> PartitionState:
+        return PartitionState(next_offset, set(), self._stats(), TaskWindow(self.task_window))
+
+    def _stored(self, stored: Mapping[str, Any]) -> PartitionState:
+        """A partition's state from its stored form (its task window is restored separately)."""
+        state = self._empty(int(stored["next"]))
+        state.holes = set(stored.get("holes", []))
+        state.stats.load_state_dict(stored.get("domains", {}))
+        return state
+
+    def has_task(self, key: int) -> bool:
+        """Whether a held partition remembers the task `key` as completed."""
+        return any(key in p.tasks for p in self.partitions.values())
 
     def done(self, c: Coordinates) -> bool:
         """True when the message at `c` is already decided (a replay skips it)."""
@@ -116,7 +148,8 @@ class SinkState:
             self.partitions.pop(tp, None)
 
     def load(self, table: TxnTable, wanted: Iterable[TopicPartition]) -> None:
-        """Read the newest stored state of each wanted partition (history, newest first).
+        """Read the newest stored state of each wanted partition (history, newest first), and its
+        task window's forms back to the window's last snapshot.
 
         A partition with no stored state but a txn version from an older rollstream (offsets only)
         resumes after that version with empty statistics (migration); one with neither starts at 0.
@@ -127,8 +160,9 @@ class SinkState:
             return
         if dt is None:
             for tp in missing:
-                self.partitions[tp] = PartitionState(stats=self._stats())
+                self.partitions[tp] = self._empty()
             return
+        chains: dict[TopicPartition, TaskChain] = {}
         for entry in _history(dt):
             body = _state_of(entry, self.app_id)
             if body is None:
@@ -140,14 +174,16 @@ class SinkState:
             for key, stored in body.get("partitions", {}).items():
                 tp = _tp(key)
                 if tp in missing:
-                    stats = self._stats()
-                    stats.load_state_dict(stored.get("domains", {}))
-                    self.partitions[tp] = PartitionState(
-                        int(stored["next"]), set(stored.get("holes", [])), stats
-                    )
+                    self.partitions[tp] = self._stored(stored)
                     missing.discard(tp)
-            if not missing:
+                    chains[tp] = TaskChain()
+                chain = chains.get(tp)
+                if chain is not None and not chain.done:
+                    chain.feed(stored)
+            if not missing and all(c.done for c in chains.values()):
                 break
+        for tp, chain in chains.items():
+            self.partitions[tp].tasks.restore(chain.forms)
         for tp in sorted(missing):
             legacy = table.version_of(dt, *tp)
             if legacy is not None:
@@ -157,9 +193,9 @@ class SinkState:
                     tp,
                     legacy,
                 )
-                self.partitions[tp] = PartitionState(legacy + 1, set(), self._stats())
+                self.partitions[tp] = self._empty(legacy + 1)
             else:
-                self.partitions[tp] = PartitionState(stats=self._stats())
+                self.partitions[tp] = self._empty()
 
 
 def _history(dt: DeltaTable) -> list[dict[str, Any]]:
@@ -214,27 +250,25 @@ def reset_topic(
     """Start `topic` afresh for this app id (after it was recreated): offsets 0, the new topic id.
 
     Writes one commit without rows to each table: the trajectories table's state with the topic's
-    partitions at next 0 and no holes (domain statistics kept), txn versions -1 in both. Returns
-    the trajectories table's new version. The executions table, when given and present, gets txn
-    versions -1 too.
+    partitions at next 0 and no holes (domain statistics and task windows kept), txn versions -1 in
+    both. Returns the trajectories table's new version. The executions table, when given and
+    present, gets txn versions -1 too.
     """
     state = SinkState(table.app_id)
     dt = table.refresh()
-    if dt is not None:
-        for entry in _history(dt):
-            body = _state_of(entry, table.app_id)
-            if body is not None:
-                state.topic_ids = {str(k): str(v) for k, v in body.get("topic_ids", {}).items()}
-                for key, stored in body.get("partitions", {}).items():
-                    stats = DomainStats()
-                    stats.load_state_dict(stored.get("domains", {}))
-                    state.partitions[_tp(key)] = PartitionState(
-                        int(stored["next"]), set(stored.get("holes", [])), stats
-                    )
-                break
+    newest: list[TopicPartition] = []
+    topic_ids: dict[str, str] = {}
+    for entry in _history(dt) if dt is not None else ():
+        body = _state_of(entry, table.app_id)
+        if body is not None:
+            newest = [_tp(key) for key in body.get("partitions", {})]
+            topic_ids = {str(k): str(v) for k, v in body.get("topic_ids", {}).items()}
+            break
+    state.load(table, newest)
+    state.topic_ids = topic_ids
     for p in range(partitions):
-        stats = state.partitions.get((topic, p), PartitionState()).stats
-        state.partitions[(topic, p)] = PartitionState(0, set(), stats)
+        kept = state.partition((topic, p))
+        state.partitions[(topic, p)] = PartitionState(0, set(), kept.stats, kept.tasks)
     state.topic_ids[topic] = topic_id
     versions = {(topic, p): -1 for p in range(partitions)}
     version = table.commit(
