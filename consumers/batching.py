@@ -1,7 +1,9 @@
 """Padded torch batches from Arrow list columns, without a Python object per token.
 
 Each `list<int32>` / `list<float32>` column is kept as its Arrow offsets and flat values (numpy
-views); a batch is a vectorized gather from them into right-padded arrays.
+views); a batch is a vectorized gather from them into right-padded arrays. The per-token loss mask
+(`loss_mask`, list<bool>, null = every response token trained on) is combined into the response
+mask: tokens the environment inserted are attended to but not trained on.
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ import polars as pl
 import pyarrow as pa
 import torch
 
+from consumers.exceptions import PolicyInputError
+
 PAD_ID = 0
 
 
 class TrajectoryBatch(TypedDict):
     """One learner batch; L is the longest (truncated) row of this batch.
 
-    `old_logprobs` holds each response token's sampling logprob at that token's position and 0
-    elsewhere. `trajectory_ids` names the rows, for lineage and debugging.
+    `response_mask` is True at the response tokens trained on: a token whose loss mask is 0 (the
+    environment inserted it) is False there though attended to. `old_logprobs` holds each
+    response token's sampling logprob at that token's position and 0 elsewhere. `trajectory_ids`
+    names the rows, for lineage and debugging.
     """
 
     input_ids: torch.Tensor
@@ -59,6 +65,45 @@ class RaggedColumn:
         return np.diff(self.offsets)
 
 
+def loss_mask_column(series: pl.Series | None, response: RaggedColumn) -> RaggedColumn | None:
+    """The loss masks as booleans on `response`'s offsets (True = trained on); None when no row has one.
+
+    A null row (or a missing column: a table written before masks) is trained on at every token.
+
+    Raises:
+        PolicyInputError: a row's mask does not have one value per response token.
+    """
+    if series is None or series.null_count() == len(series):
+        return None
+    array = series.rechunk().to_arrow()
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if not isinstance(array, pa.ListArray | pa.LargeListArray):
+        raise TypeError(f"column {series.name!r} is {series.dtype}, expected list<bool>")
+    valid = ~array.is_null().to_numpy(zero_copy_only=False)
+    offsets = array.offsets.to_numpy().astype(np.int64, copy=False)
+    lengths = np.diff(offsets)
+    bad = np.flatnonzero(valid & (lengths != response.lengths))
+    if len(bad):
+        row = int(bad[0])
+        raise PolicyInputError(
+            f"row {row} of {series.name!r} has {int(lengths[row])} loss mask values for "
+            f"{int(response.lengths[row])} response tokens ({len(bad)} rows differ): the mask needs one "
+            "value per response token; fix the writer of the table"
+        )
+    out = np.ones(len(response.values), dtype=np.bool_)
+    rows = np.flatnonzero(valid)
+    counts = lengths[rows]
+    total = int(counts.sum())
+    if total:
+        within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        values = array.values.to_numpy(zero_copy_only=False).astype(np.bool_, copy=False)
+        out[np.repeat(response.offsets[rows], counts) + within] = values[
+            np.repeat(offsets[rows], counts) + within
+        ]
+    return RaggedColumn(offsets=response.offsets, values=out)
+
+
 @dataclass(frozen=True)
 class TrajectoryColumns:
     """The columns a learner needs, ready to gather batches from."""
@@ -69,17 +114,23 @@ class TrajectoryColumns:
     advantages: npt.NDArray[np.float32]
     rewards: npt.NDArray[np.float32]
     trajectory_ids: list[str]
+    loss_mask: RaggedColumn | None = None
+    """Per response token, on `response`'s offsets; None: every response token is trained on."""
 
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> TrajectoryColumns:
-        """Take prompt/response tokens, logprobs, advantage, reward and id from a frame."""
+        """Take prompt/response tokens, logprobs, loss masks (when present), advantage, reward and id."""
+        response = RaggedColumn.from_series(frame["response_tokens"])
         return cls(
             prompt=RaggedColumn.from_series(frame["prompt_tokens"]),
-            response=RaggedColumn.from_series(frame["response_tokens"]),
+            response=response,
             logprobs=RaggedColumn.from_series(frame["response_logprobs"]),
             advantages=frame["advantage"].fill_null(0.0).to_numpy().astype(np.float32),
             rewards=frame["reward"].fill_null(0.0).to_numpy().astype(np.float32),
             trajectory_ids=frame["trajectory_id"].to_list(),
+            loss_mask=loss_mask_column(
+                frame["loss_mask"] if "loss_mask" in frame.columns else None, response
+            ),
         )
 
     def __len__(self) -> int:
@@ -91,7 +142,8 @@ class TrajectoryColumns:
         The response is what is trained on, so it keeps its head (up to `max_length` - 1 tokens)
         and the prompt keeps its tail, the context nearest the response; at least one prompt
         token stays, since the first position has nothing to predict it. The batch is padded to
-        its own longest row, not to `max_length`.
+        its own longest row, not to `max_length`. Response tokens masked out by `loss_mask` stay
+        in `input_ids` and `attention_mask` and leave `response_mask`.
         """
         prompt_length = self.prompt.lengths[rows]
         response_keep = np.minimum(self.response.lengths[rows], max_length - np.minimum(prompt_length, 1))
@@ -110,6 +162,10 @@ class TrajectoryColumns:
         positions = np.arange(width)[None, :]
         attention_mask = positions < total[:, None]
         response_mask = attention_mask & (positions >= prompt_keep[:, None])
+        if self.loss_mask is not None:
+            trained = np.ones((len(rows), width), dtype=np.bool_)
+            _gather_into(trained, self.loss_mask, rows, response_keep, prompt_keep)
+            response_mask &= trained
         return TrajectoryBatch(
             input_ids=torch.from_numpy(input_ids),
             attention_mask=torch.from_numpy(attention_mask),

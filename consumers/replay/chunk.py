@@ -3,11 +3,15 @@
 A chunk is the replay buffer's unit of reading and of eviction. Rows are filtered on read: a
 verifier status the learner trains on, tokens present, a finite advantage. Token ids outside
 the policy's vocabulary are refused here, at read time, naming the file and the row, rather
-than growing an embedding to whatever id the data holds.
+than growing an embedding to whatever id the data holds. A row's `policy_version` here is the
+oldest version that generated it (the lowest of its `version_spans`, else its policy_version):
+staleness and eviction go by it. Files written before the task columns (`loss_mask`,
+`version_spans`) read them as null: every token trained on, one version.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -16,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from consumers.batching import RaggedColumn
-from consumers.exceptions import TokenRangeError
+from consumers.batching import RaggedColumn, loss_mask_column
+from consumers.exceptions import PolicyInputError, TokenRangeError
 from consumers.replay.log import DataFile
+from schemas.tables import TRAJECTORIES_SCHEMA
 
 CHUNK_COLUMNS = [
     "trajectory_id",
@@ -32,7 +37,17 @@ CHUNK_COLUMNS = [
     "advantage",
     "verifier_status",
     "bucket",
+    "loss_mask",
+    "version_spans",
 ]
+
+
+@functools.cache
+def _file_schema(columns: tuple[str, ...]) -> pl.Schema:
+    """The polars schema of `columns` as the trajectories table defines them."""
+    frame = pl.from_arrow(TRAJECTORIES_SCHEMA.empty_table().select(list(columns)))
+    assert isinstance(frame, pl.DataFrame)
+    return frame.schema
 
 
 @dataclass(frozen=True)
@@ -40,7 +55,9 @@ class Chunk:
     """The rows of one data file that a learner may train on.
 
     `domain` / `task_type` are codes into `domains` / `task_types`; `bucket` holds bucket names
-    (one per row; a table partitioned by bucket has a single value per file).
+    (one per row; a table partitioned by bucket has a single value per file); `policy_version`
+    the oldest version that generated each row; `loss_mask` is on `response`'s offsets (None:
+    every response token is trained on).
     """
 
     file: DataFile
@@ -56,6 +73,7 @@ class Chunk:
     domains: tuple[str, ...]
     task_type: npt.NDArray[np.int32]
     task_types: tuple[str, ...]
+    loss_mask: RaggedColumn | None = None
 
     def __len__(self) -> int:
         return len(self.advantage)
@@ -73,7 +91,8 @@ class Chunk:
     @property
     def nbytes(self) -> int:
         """Approximate memory held by the token columns."""
-        return sum(c.values.nbytes + c.offsets.nbytes for c in (self.prompt, self.response, self.logprobs))
+        columns = (self.prompt, self.response, self.logprobs, *((self.loss_mask,) if self.loss_mask else ()))
+        return sum(c.values.nbytes + c.offsets.nbytes for c in columns)
 
 
 def read_chunk(
@@ -88,15 +107,18 @@ def read_chunk(
 
     Raises:
         TokenRangeError: a token id lies outside [0, vocab_size).
+        PolicyInputError: a row's loss mask does not have one value per response token.
     """
     path = f"{table_uri.rstrip('/')}/{file.path}"
-    frame = pl.read_parquet(
+    columns = tuple(c for c in CHUNK_COLUMNS if c != "bucket" or file.partition("bucket") is None)
+    frame = pl.scan_parquet(
         path,
-        columns=[c for c in CHUNK_COLUMNS if c != "bucket" or file.partition("bucket") is None],
+        schema=_file_schema(columns),
+        missing_columns="insert",
+        extra_columns="ignore",
         storage_options=dict(storage_options) if storage_options else None,
-        use_pyarrow=False,
         glob=False,
-    )
+    ).collect()
     if "bucket" not in frame.columns:
         frame = frame.with_columns(pl.lit(file.partition("bucket")).alias("bucket"))
     frame = frame.filter(
@@ -108,13 +130,21 @@ def read_chunk(
     )
     domains, domain = _codes(frame["domain"])
     task_types, task_type = _codes(frame["task_type"])
+    oldest = pl.col("version_spans").list.eval(pl.element().struct.field("version")).list.min()
+    versions = frame.select(pl.coalesce(oldest, pl.col("policy_version")).fill_null(0)).to_series()
+    response = RaggedColumn.from_series(frame["response_tokens"])
+    try:
+        loss_mask = loss_mask_column(frame["loss_mask"], response)
+    except PolicyInputError as exc:
+        raise PolicyInputError(f"{path}: {exc}") from exc
     chunk = Chunk(
         file=file,
         trajectory_ids=np.asarray(frame["trajectory_id"].to_list(), dtype=object),
         prompt=RaggedColumn.from_series(frame["prompt_tokens"]),
-        response=RaggedColumn.from_series(frame["response_tokens"]),
+        response=response,
         logprobs=RaggedColumn.from_series(frame["response_logprobs"]),
-        policy_version=frame["policy_version"].fill_null(0).to_numpy().astype(np.int64),
+        loss_mask=loss_mask,
+        policy_version=versions.to_numpy().astype(np.int64),
         reward=frame["reward"].fill_null(0.0).to_numpy().astype(np.float32),
         advantage=frame["advantage"].to_numpy().astype(np.float32),
         bucket=np.asarray(frame["bucket"].fill_null("").to_list(), dtype=object),

@@ -4,7 +4,8 @@
 batch of at most `token_budget` slots (rows x its longest row) wastes little; a packed batch
 holds at most `token_budget` real tokens. `collate` gathers the rows from their chunks.
 Packed batches follow flash-attention's varlen convention: one (1, T) sequence of all rows,
-`position_ids` restarting at 0 per row, and `cu_seqlens` the int32 cumulative row lengths.
+`position_ids` restarting at 0 per row, and `cu_seqlens` the int32 cumulative row lengths. In both
+layouts `response_mask` leaves out the response tokens whose loss mask is 0 (batching.py).
 """
 
 from __future__ import annotations
@@ -97,16 +98,19 @@ def gather_columns(
     chunks: Sequence[Chunk], chunk_of: npt.NDArray[np.int64], row_of: npt.NDArray[np.int64]
 ) -> TrajectoryColumns:
     """The selected rows (chunk position, row within it) as one small set of columns, in order."""
-    prompt_parts, response_parts, logprob_parts = [], [], []
+    prompt_parts, response_parts, logprob_parts, mask_parts = [], [], [], []
     advantages, rewards = [], []
     ids: list[str] = []
     order = np.arange(len(row_of))
+    masked = any(chunks[int(c)].loss_mask is not None for c in np.unique(chunk_of))
     for c in np.unique(chunk_of):
         inside = order[chunk_of == c]
         chunk, rows = chunks[int(c)], row_of[inside]
         prompt_parts.append((inside, _take(chunk.prompt, rows)))
         response_parts.append((inside, _take(chunk.response, rows)))
         logprob_parts.append((inside, _take(chunk.logprobs, rows)))
+        if masked:
+            mask_parts.append((inside, _take_mask(chunk, rows)))
         advantages.append((inside, chunk.advantage[rows]))
         rewards.append((inside, chunk.reward[rows]))
     trajectory_ids = np.empty(len(row_of), dtype=object)
@@ -121,6 +125,7 @@ def gather_columns(
         advantages=_place(advantages, len(row_of), np.float32),
         rewards=_place(rewards, len(row_of), np.float32),
         trajectory_ids=ids,
+        loss_mask=_assemble(mask_parts, len(row_of)) if masked else None,
     )
 
 
@@ -155,6 +160,14 @@ def _take(column: RaggedColumn, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArra
         return lengths, column.values[:0]
     within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     return lengths, column.values[np.repeat(starts, lengths) + within]
+
+
+def _take_mask(chunk: Chunk, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], np.ndarray]:
+    """Like `_take` on the chunk's loss mask; all True for a chunk without one."""
+    if chunk.loss_mask is not None:
+        return _take(chunk.loss_mask, rows)
+    lengths = chunk.response.lengths[rows]
+    return lengths, np.ones(int(lengths.sum()), dtype=np.bool_)
 
 
 def _assemble(
