@@ -1,6 +1,10 @@
-"""`learn`: clipped policy-gradient steps on batches from the replay buffer, tracked in MLflow.
+"""`learn`: importance-corrected policy-gradient steps on batches from the replay buffer, in MLflow.
 
-The learner's version is its count of optimizer steps; staleness is measured against it. Every
+The policy is any torch policy by name or import path (`consumers.policies.load_policy`); the loss
+is `consumers.loss.async_policy_loss` against the behaviour logprobs stored in each row, over the
+tokens of the row's loss mask. With `publish` the learner's version is the number of the last
+weights it published (`consumers.versioning`), so staleness (learner version - a row's policy
+version) counts published updates; without it the version is its count of optimizer steps. Every
 `checkpoint_every` steps the weights, the optimizer and the buffer's position go into one file,
 atomically, so a restarted learner continues exactly where the checkpoint stands; with a
 checkpoint present `learn` resumes from it and continues its MLflow run.
@@ -17,16 +21,18 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from consumers.exceptions import BufferExhausted, CheckpointError, EmptySnapshotError, RateLimitTimeout
-from consumers.loss import clipped_policy_loss
-from consumers.policy import TinyPolicy
+from consumers.loss import Aggregation, LossOptions, Objective, async_policy_loss
+from consumers.policies import load_policy, token_logprobs_packed, token_logprobs_padded
 from consumers.replay import ReplayBuffer, ReplayConfig, load_checkpoint, save_checkpoint
 from consumers.replay.collate import PackedBatch, ReplayBatch
 from consumers.tracking import check_tracking_uri, track_run
+from consumers.versioning import PublishOptions, VersionKeeper
+from schemas.policy_version import PolicyVersion
 
 _METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-./ :]")
 _LAG_BINS = ((0, 0, "0"), (1, 1, "1"), (2, 3, "2_3"), (4, 7, "4_7"), (8, None, "8_plus"))
@@ -50,7 +56,8 @@ class LearnResult:
     tokens_trained: int
     padding_waste: float
     bucket_distance: float
-    policy: TinyPolicy = field(repr=False, compare=False)
+    policy_version: int = -1
+    policy: torch.nn.Module | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, str | int | float]:
         """The figures of the run, without the trained policy."""
@@ -70,6 +77,11 @@ class LearnerOptions:
     checkpoint_path: str | None = None
     checkpoint_every: int = 10
     rows_log: str | None = None
+    policy: str = "tiny"
+    objective: Objective = "decoupled_ppo"
+    aggregation: Aggregation = "grpo"
+    max_length: int | None = None
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if (self.steps is not None and self.steps < 1) or self.lr <= 0:
@@ -95,6 +107,12 @@ def learn(
     checkpoint_path: str | Path | None = None,
     checkpoint_every: int = 10,
     rows_log: str | Path | None = None,
+    policy: str = "tiny",
+    objective: Objective = "decoupled_ppo",
+    aggregation: Aggregation = "grpo",
+    device: str = "cpu",
+    publish: PublishOptions | None = None,
+    on_publish: Callable[[PolicyVersion, torch.nn.Module], None] | None = None,
     progress: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
     on_step: Callable[[int, int | None], None] | None = None,
@@ -119,6 +137,13 @@ def learn(
         checkpoint_path: one file for weights, optimizer and buffer position; resumed if present.
         checkpoint_every: steps between checkpoints (and one at the end).
         rows_log: a JSON-lines file naming each step's rows (audits, lineage).
+        policy: "tiny", "transformer" or "module:factory" (built with vocab_size and dim).
+        objective: "decoupled_ppo" or "tis" (`consumers.loss.LossOptions`).
+        aggregation: "grpo" (token mean per sequence) or "dr_grpo" (sum over max_length).
+        device: "cpu" or "cuda" (batches copied from pinned memory, non-blocking).
+        publish: publish weights by version every `publish.every` steps (the learner's version
+            is then the published number); None: the version is the step count.
+        on_publish: called with each published record and the policy (e.g. a held-out evaluation).
         progress: called with one line of text per step.
         stop: set it to end a following run after the current step.
         on_step: called with (step, total steps or None) after each step, for progress bars.
@@ -140,10 +165,18 @@ def learn(
         checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
         checkpoint_every=checkpoint_every,
         rows_log=None if rows_log is None else str(rows_log),
+        policy=policy,
+        objective=objective,
+        aggregation=aggregation,
+        max_length=replay.get("max_length"),
+        device=device,
     )
     config = ReplayConfig(table_uri=table_uri, seed=seed, **replay)
     check_tracking_uri(tracking_uri)
-    learner = _Learner(options, config, progress=progress, stop=stop or threading.Event(), on_step=on_step)
+    keeper = None if publish is None else VersionKeeper(publish, on_publish=on_publish)
+    learner = _Learner(
+        options, config, progress=progress, stop=stop or threading.Event(), on_step=on_step, keeper=keeper
+    )
     return learner.run(tracking_uri=tracking_uri, experiment=experiment)
 
 
@@ -158,6 +191,7 @@ class _Learner:
         progress: Callable[[str], None] | None,
         stop: threading.Event,
         on_step: Callable[[int, int | None], None] | None = None,
+        keeper: VersionKeeper | None = None,
     ) -> None:
         torch.manual_seed(options.seed)
         self.options = options
@@ -165,7 +199,18 @@ class _Learner:
         self.progress = progress
         self.on_step = on_step
         self.stop = stop
-        self.policy = TinyPolicy(vocab_size=config.vocab_size, dim=options.dim)
+        self.keeper = keeper
+        self.device = torch.device(options.device)
+        self.policy = cast(
+            torch.nn.Module, load_policy(options.policy, vocab_size=config.vocab_size, dim=options.dim)
+        ).to(self.device)
+        self.loss_options = LossOptions(
+            objective=options.objective,
+            aggregation=options.aggregation,
+            clip_epsilon=options.clip_epsilon,
+            kl_coef=options.kl_coef,
+            max_length=options.max_length if options.aggregation == "dr_grpo" else None,
+        )
         self.reference = copy.deepcopy(self.policy).requires_grad_(False) if options.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=options.lr)
         self.buffer = ReplayBuffer(config)
@@ -175,6 +220,7 @@ class _Learner:
         self.totals = {"rows": 0, "tokens": 0, "slots": 0, "reward": 0.0}
         self.loss = float("nan")
         self.resumed_from = 0
+        self.checkpoint_version: int | None = None
         self._resume()
 
     def _resume(self) -> None:
@@ -198,6 +244,7 @@ class _Learner:
         self.buffer.load_state_dict(state["buffer"])
         torch.set_rng_state(state["torch_rng"])
         self.step = self.resumed_from = int(state["step"])
+        self.checkpoint_version = state.get("version")
         self.run_id = state["run_id"]
         self.bucket_counts = Counter(state["bucket_counts"])
         self.totals = dict(state["totals"])
@@ -209,6 +256,7 @@ class _Learner:
             self.options.checkpoint_path,
             {
                 "step": self.step,
+                "version": self.version,
                 "run_id": self.run_id,
                 "policy": self.policy.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
@@ -235,6 +283,10 @@ class _Learner:
             self.buffer,
         ):
             self.run_id = run.run_id
+            if self.keeper is not None:
+                self.keeper.start(
+                    self.policy, step=self.step, checkpoint_version=self.checkpoint_version, run_id=run.run_id
+                )
             if self.resumed_from == 0:
                 run.log_text(self.buffer.profile.to_toml(), f"profile/{_profile_file(self.config)}")
             while self.options.steps is None or self.step < self.options.steps:
@@ -245,7 +297,13 @@ class _Learner:
                     break
                 run.log_step(self.step, self._train(batch))
                 self._log_rows(batch)
-                if self.step % self.options.checkpoint_every == 0:
+                if self.keeper is not None and self.keeper.due(self.step):
+                    record = self.keeper.publish(
+                        self.policy, step=self.step, run_id=run.run_id, table_version=self.buffer.read_to
+                    )
+                    run.log_step(self.step, {"policy_version": float(record.number)})
+                    self._save()
+                elif self.step % self.options.checkpoint_every == 0:
                     self._save()
             if self.totals["rows"] == 0:
                 raise EmptySnapshotError(
@@ -272,14 +330,20 @@ class _Learner:
             tokens_trained=int(self.totals["tokens"]),
             padding_waste=summary["padding_waste_total"],
             bucket_distance=summary["bucket_distance_total"],
+            policy_version=self.version,
             policy=self.policy,
         )
+
+    @property
+    def version(self) -> int:
+        """The learner's version: the last published number with a keeper, else the step count."""
+        return self.step if self.keeper is None else self.keeper.version
 
     def _next_batch(self) -> ReplayBatch | PackedBatch | None:
         while True:
             try:
                 timeout = _FOLLOW_WAIT_S if self.config.follow else None
-                return self.buffer.sample(self.step, timeout=timeout)
+                return self.buffer.sample(self.version, timeout=timeout)
             except BufferExhausted:
                 return None
             except RateLimitTimeout:
@@ -293,43 +357,38 @@ class _Learner:
                     )
 
     def _train(self, batch: ReplayBatch | PackedBatch) -> dict[str, float]:
-        if "attention_mask" not in batch:
-            raise ValueError("the learner's TinyPolicy trains on padded batches: use layout='padded'")
         started = time.perf_counter()
-        padded: ReplayBatch = batch  # type: ignore[assignment]
-        scored = padded["response_mask"].clone()
-        scored[:, 0] = False
-        new = self.policy.logprobs(padded["input_ids"], padded["attention_mask"], where=scored)
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = self.reference.logprobs(padded["input_ids"], padded["attention_mask"], where=scored)
-        loss, parts = clipped_policy_loss(
+        new, old, scored, advantages, cu_seqlens, ref = self._score(batch)
+        loss, parts = async_policy_loss(
             new,
-            padded["old_logprobs"],
-            padded["advantages"],
+            old,
+            advantages,
             scored,
-            clip_epsilon=self.options.clip_epsilon,
+            options=self.loss_options,
+            cu_seqlens=cu_seqlens,
             ref_logprobs=ref,
-            kl_coef=self.options.kl_coef,
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
-        lag = (self.step - padded["policy_versions"]).tolist()
+        lag = (self.version - batch["policy_versions"]).tolist()
         self.step += 1
         self.loss = float(loss.detach())
         seconds = max(time.perf_counter() - started, 1e-9)
+        padded: Any = batch
         rows, tokens = len(padded["trajectory_ids"]), int(padded["tokens"])
         self.totals["rows"] += rows
         self.totals["tokens"] += tokens
-        self.totals["slots"] += int(padded["attention_mask"].numel())
+        self.totals["slots"] += int(
+            padded["attention_mask"].numel() if "attention_mask" in padded else tokens
+        )
         self.totals["reward"] += float(padded["rewards"].sum())
         self.bucket_counts.update(padded["buckets"])
         metrics = {
             "loss": self.loss,
             **parts,
             "reward_mean": float(padded["rewards"].mean()),
+            "learner_version": float(self.version),
             "rows": float(rows),
             "tokens": float(tokens),
             "padding_waste": float(padded["padding_waste"]),
@@ -356,6 +415,44 @@ class _Learner:
         if self.on_step is not None:
             self.on_step(self.step, self.options.steps)
         return metrics
+
+    def _score(
+        self, batch: ReplayBatch | PackedBatch
+    ) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None
+    ]:
+        """New, behaviour and reference logprobs of the trained tokens, their mask and the advantages."""
+        move = self._to_device
+        scored = move(batch["response_mask"]).clone()
+        if "attention_mask" in batch:
+            padded: ReplayBatch = batch  # type: ignore[assignment]
+            ids, attention = move(padded["input_ids"]), move(padded["attention_mask"])
+            scored[:, 0] = False
+
+            def score(policy: Any) -> torch.Tensor:
+                return token_logprobs_padded(policy, ids, attention, where=scored)
+
+            cu_seqlens = None
+        else:
+            packed: PackedBatch = batch
+            ids, positions = move(packed["input_ids"]), move(packed["position_ids"])
+            cu_seqlens = move(packed["cu_seqlens"])
+            scored &= positions > 0
+
+            def score(policy: Any) -> torch.Tensor:
+                return token_logprobs_packed(policy, ids, positions, cu_seqlens, where=scored)
+
+        new = score(self.policy)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = score(self.reference)
+        return new, move(batch["old_logprobs"]), scored, move(batch["advantages"]), cu_seqlens, ref
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     def _bucket_mix(self) -> dict[str, float]:
         total = max(sum(self.bucket_counts.values()), 1)
