@@ -118,6 +118,16 @@ def render_properties(settings: Settings, specs: Iterable[TopicSpec], node: int 
         f"share.coordinator.state.topic.replication.factor={replicas}",
         f"share.coordinator.state.topic.min.isr={min_isr}",
         "group.initial.rebalance.delay.ms=0",
+        # Share groups (the task queue, docs/rollout.md): the defaults of a share group's lease and
+        # delivery limit; `up` sets the tasks group's own configs to the same settings. The bounds
+        # are Kafka's widest, so a group config may ask for a 1 s lock or heartbeat (tests) or a
+        # 1 h lock; members (a worker has one per priority class and slot) up to 1,000 per group.
+        f"group.share.record.lock.duration.ms={settings.task_lock_ms}",
+        "group.share.min.record.lock.duration.ms=1000",
+        "group.share.max.record.lock.duration.ms=3600000",
+        f"group.share.delivery.count.limit={settings.task_delivery_limit}",
+        "group.share.min.heartbeat.interval.ms=1000",
+        "group.share.max.size=1000",
         # Topics are declared in infra/topics.toml: a misspelt name must fail, not quietly create one.
         "auto.create.topics.enable=false",
         # message.max.bytes stays Kafka's default (1,048,588): each topic declares its own

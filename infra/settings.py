@@ -50,6 +50,14 @@ _HEAP = re.compile(r"^[1-9][0-9]*[kKmMgG]?$")
 _VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SECRET = re.compile(r"password|secret|token|key$", re.IGNORECASE)
+_TOPIC_FIELDS = (
+    "raw_topic",
+    "ultra_topic",
+    "dlq_topic",
+    "tasks_topic",
+    "task_dlq_topic",
+    "task_outcomes_topic",
+)
 _SOURCES: ContextVar[dict[str, str] | None] = ContextVar("rollstream_settings_sources", default=None)
 
 
@@ -179,6 +187,26 @@ class Settings(BaseSettings):
             (schemas/profiles/azure_conv_2023.toml).
         vocab_size: The learner's vocabulary; token ids outside [0, vocab_size) fail at read time.
             Default 32768.
+        tasks_topic: Prefix of the task topics, one per priority class: ``<tasks_topic>.high``
+            and ``<tasks_topic>.low`` (docs/rollout.md, Tasks). Default ``rollouts.tasks``.
+        task_dlq_topic: Task dead letters: a task that failed ``task_max_attempts`` times or does
+            not decode, with its reason, attempts, last error and bytes. Default ``rollouts.tasks.dlq``.
+        task_outcomes_topic: The task outcome log (started, done, released, requeued, dead) that
+            ``rollstream tasks status`` reads. Default ``rollouts.tasks.outcomes``.
+        task_group: The share group rollout workers take tasks in. Default ``rollouts.tasks``.
+        task_lock_ms: The lease on a taken task: the share group's record lock
+            (``share.record.lock.duration.ms``, set by ``rollstream up``); a worker that dies gives
+            its tasks back after it. No task's deadline may exceed it. 1000 to 3600000. Default
+            900000 (15 minutes).
+        task_deadline_ms: The deadline of a task that names none: milliseconds one attempt may
+            take, counted from when a worker takes it. Default 600000 (10 minutes).
+        task_max_attempts: Attempts (N) after which a failing task becomes a task dead letter.
+            Below ``task_delivery_limit``. Default 3.
+        task_delivery_limit: Deliveries after which the broker archives a record without a word
+            (``group.share.delivery.count.limit`` and the group's ``share.delivery.count.limit``);
+            kept above ``task_max_attempts`` so the dead letter is written first. 2 to 10. Default 5.
+        task_low_every: Y: while both priority classes wait, at least one start in Y is a
+            low-priority task (the others are high). At least 2. Default 4.
     """
 
     model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix=ENV_PREFIX)
@@ -207,6 +235,15 @@ class Settings(BaseSettings):
     kafka_client: Options = Field(default_factory=lambda: MappingProxyType({}))
     profile_path: Str = ""
     vocab_size: Int = 32_768
+    tasks_topic: Str = "rollouts.tasks"
+    task_dlq_topic: Str = "rollouts.tasks.dlq"
+    task_outcomes_topic: Str = "rollouts.tasks.outcomes"
+    task_group: Str = "rollouts.tasks"
+    task_lock_ms: Int = 900_000
+    task_deadline_ms: Int = 600_000
+    task_max_attempts: Int = 3
+    task_delivery_limit: Int = 5
+    task_low_every: Int = 4
 
     def __init__(self, **values: Any) -> None:
         """Validate `values` alone (no file, no environment: that is `load`); errors are SettingsError."""
@@ -334,7 +371,8 @@ class Settings(BaseSettings):
             )
         if not _VERSION.match(self.kafka_version):
             raise SettingsError(f"kafka_version = {self.kafka_version!r} is not a release; use e.g. '4.3.1'")
-        for name in ("raw_topic", "ultra_topic", "dlq_topic"):
+        _check_tasks(self)
+        for name in _TOPIC_FIELDS:
             topic = getattr(self, name)
             if not _TOPIC.match(topic) or topic in {".", ".."}:
                 raise SettingsError(
@@ -438,6 +476,37 @@ class Settings(BaseSettings):
             return cls(**values)
         finally:
             _SOURCES.reset(token)
+
+
+def _check_tasks(settings: Settings) -> None:
+    """The task queue's lease, attempts and priority settings, against Kafka's share-group bounds."""
+    if not 1_000 <= settings.task_lock_ms <= 3_600_000:
+        raise SettingsError(
+            f"task_lock_ms = {settings.task_lock_ms} is outside Kafka's share-group lock bounds; "
+            "give 1000 to 3600000 milliseconds"
+        )
+    if not 1 <= settings.task_deadline_ms <= settings.task_lock_ms:
+        raise SettingsError(
+            f"task_deadline_ms = {settings.task_deadline_ms} must be at least 1 and at most "
+            f"task_lock_ms = {settings.task_lock_ms}: a lease cannot outlast the lock; lower task_deadline_ms "
+            "with the lock"
+        )
+    if not 2 <= settings.task_delivery_limit <= 10:
+        raise SettingsError(
+            f"task_delivery_limit = {settings.task_delivery_limit}; Kafka accepts 2 to 10 deliveries"
+        )
+    if not 1 <= settings.task_max_attempts < settings.task_delivery_limit:
+        raise SettingsError(
+            f"task_max_attempts = {settings.task_max_attempts} must be at least 1 and below "
+            f"task_delivery_limit = {settings.task_delivery_limit}, or the broker archives a failing "
+            "task before its dead letter is written; lower it or raise task_delivery_limit"
+        )
+    if settings.task_low_every < 2:
+        raise SettingsError(
+            f"task_low_every = {settings.task_low_every}; give 2 or more (1 would serve only low priority)"
+        )
+    if not settings.task_group:
+        raise SettingsError("task_group is empty; name the rollout workers' share group, e.g. rollouts.tasks")
 
 
 def _known() -> list[str]:

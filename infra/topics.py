@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +26,8 @@ from infra.processes import poll_until
 from infra.settings import Settings
 
 TOPICS_FILE = Path(__file__).resolve().parent / "topics.toml"
-ROLES = ("raw", "ultra", "dlq")
+ROLES = ("raw", "ultra", "dlq", "tasks_high", "tasks_low", "task_dlq", "task_outcomes")
+SHARE_GROUP_ROLES = ("tasks",)
 
 _LIBRDKAFKA_LOG = logging.getLogger("rollstream.infra.librdkafka")
 _LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
@@ -36,15 +37,30 @@ Action = Literal["created", "altered", "partitions_increased", "unchanged"]
 
 
 @dataclass(frozen=True)
+class ShareGroupSpec:
+    """One declared share group and the group-level configs provisioning sets on it.
+
+    Attributes:
+        name: The group id (``Settings.task_group`` for the tasks group).
+        config: Group configs as the strings Kafka reports them (``share.*``).
+    """
+
+    name: str
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TopicSpec:
     """One declared topic.
 
     Attributes:
-        role: Its key in topics.toml (``raw``, ``ultra``, ``dlq``); settings map a role to a name.
-        name: The topic name, from ``Settings.<role>_topic``.
+        role: Its key in topics.toml (``raw``, ``ultra``, ``dlq``, ``tasks_high``, ...); settings
+            map a role to a name (`topic_name`).
+        name: The topic name, from settings.
         partitions: Declared partition count; provisioning grows a topic to it, never shrinks.
         replication: Replication factor, fixed at creation.
         config: Topic-level Kafka configs as the strings Kafka reports them.
+        share_group: The share group that consumes the topic, whose configs provisioning sets.
     """
 
     role: str
@@ -52,6 +68,7 @@ class TopicSpec:
     partitions: int
     replication: int
     config: Mapping[str, str] = field(default_factory=dict)
+    share_group: ShareGroupSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -73,16 +90,56 @@ def load_topics(settings: Settings, path: Path = TOPICS_FILE) -> list[TopicSpec]
         TopicProvisionError: the file is unreadable, names an unknown role, or a value is malformed.
     """
     try:
-        tables = tomllib.loads(path.read_text()).get("topics", {})
+        declared = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise TopicProvisionError(f"cannot read topic declarations {path}: {exc}") from exc
+    tables = declared.get("topics", {})
     unknown = sorted(role for role, body in tables.items() if role not in ROLES and not _named(body))
     if unknown:
         raise TopicProvisionError(
             f"{path}: unknown topic role(s) {unknown}; known roles: {list(ROLES)}, or give the table a name"
         )
-    specs = [_spec(role, _name(settings, role, body), body, path) for role, body in tables.items()]
+    groups = _share_groups(settings, declared.get("share_groups", {}), set(tables), path)
+    specs = [
+        replace(_spec(role, _name(settings, role, body), body, path), share_group=groups.get(role))
+        for role, body in tables.items()
+    ]
     return [fit_to_cluster(spec, settings.brokers) for spec in specs]
+
+
+def topic_name(settings: Settings, role: str) -> str:
+    """The topic a role names under `settings`: ``<role>_topic``, and the task classes under ``tasks_topic``."""
+    if role in ("tasks_high", "tasks_low"):
+        return f"{settings.tasks_topic}.{role.removeprefix('tasks_')}"
+    return str(getattr(settings, f"{role}_topic"))
+
+
+def _share_groups(settings: Settings, tables: Any, roles: set[str], path: Path) -> dict[str, ShareGroupSpec]:
+    """Topic role -> the declared share group consuming it, its configs completed from settings."""
+    if not isinstance(tables, dict) or set(tables) - set(SHARE_GROUP_ROLES):
+        raise TopicProvisionError(
+            f"{path}: [share_groups] may declare only {list(SHARE_GROUP_ROLES)}, got {tables!r}"
+        )
+    out: dict[str, ShareGroupSpec] = {}
+    for role, body in tables.items():
+        where = f"{path} [share_groups.{role}]"
+        topics = body.get("topics") if isinstance(body, dict) else None
+        config = body.get("config", {}) if isinstance(body, dict) else None
+        if (
+            not isinstance(topics, list)
+            or not set(topics) <= roles
+            or not isinstance(config, dict)
+            or set(body) - {"topics", "config"}
+        ):
+            raise TopicProvisionError(
+                f"{where}: expected topics = [declared topic roles] and a config table of group configs"
+            )
+        strings = {key: _kafka_string(value) for key, value in config.items()}
+        strings["share.record.lock.duration.ms"] = str(settings.task_lock_ms)
+        strings["share.delivery.count.limit"] = str(settings.task_delivery_limit)
+        group = ShareGroupSpec(settings.task_group, strings)
+        out.update({topic: group for topic in topics})
+    return out
 
 
 def fit_to_cluster(spec: TopicSpec, brokers: int) -> TopicSpec:
@@ -95,7 +152,7 @@ def fit_to_cluster(spec: TopicSpec, brokers: int) -> TopicSpec:
     config = dict(spec.config)
     if "min.insync.replicas" in config:
         config["min.insync.replicas"] = str(min(int(config["min.insync.replicas"]), max(1, replication - 1)))
-    return TopicSpec(spec.role, spec.name, spec.partitions, replication, config)
+    return replace(spec, replication=replication, config=config)
 
 
 def _named(body: Any) -> bool:
@@ -103,9 +160,9 @@ def _named(body: Any) -> bool:
 
 
 def _name(settings: Settings, role: str, body: Any) -> str:
-    """A role's topic: named by settings (``<role>_topic``), or for a role no setting names, by `name`."""
+    """A role's topic: named by settings (`topic_name`), or for a role no setting names, by `name`."""
     if role in ROLES:
-        return str(getattr(settings, f"{role}_topic"))
+        return topic_name(settings, role)
     return str(body["name"])
 
 
@@ -193,9 +250,60 @@ def provision_topics(
                 )
                 continue
             _reconcile(admin, spec, metadata[spec.name], timeout, changes, problems)
+    groups = {spec.share_group.name: spec.share_group for spec in specs if spec.share_group is not None}
+    for group in groups.values():
+        try:
+            changes.append(provision_share_group(admin, group, timeout))
+        except TopicProvisionError as exc:
+            problems.append(str(exc))
     if problems:
         raise TopicProvisionError("topics not as declared in topics.toml:\n  " + "\n  ".join(problems))
     return changes
+
+
+def provision_share_group(admin: AdminClient, group: ShareGroupSpec, timeout: float = 30.0) -> TopicChange:
+    """Set the group-level configs of `group` that differ on the broker; the group need not exist yet.
+
+    Raises:
+        TopicProvisionError: the broker refused a value (a lock outside the broker's
+            group.share.min/max.record.lock.duration.ms, say); the message has its reason.
+    """
+    label = f"share group {group.name}"
+    differing = _differing_group_configs(admin, group, timeout)
+    if not differing:
+        return TopicChange(label, "unchanged")
+    ops = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in differing.items()]
+    resource = ConfigResource(ResourceType.GROUP, group.name, incremental_configs=ops)
+    try:
+        admin.incremental_alter_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+    except KafkaException as exc:
+        raise TopicProvisionError(
+            f"{label}: setting {sorted(differing)} failed: {exc.args[0].str()}; check the task_* settings "
+            "against the broker's group.share.* bounds (infra/broker.py)"
+        ) from exc
+    # The change travels through the metadata log: a describe right after it can show the old values.
+    if (
+        poll_until(lambda: not _differing_group_configs(admin, group, timeout) or None, timeout=timeout)
+        is None
+    ):
+        raise TopicProvisionError(
+            f"{label}: {sorted(differing)} set, yet not in effect after {timeout:.0f} s"
+        )
+    return TopicChange(label, "altered", ", ".join(f"{k}={v}" for k, v in differing.items()))
+
+
+def _differing_group_configs(admin: AdminClient, group: ShareGroupSpec, timeout: float) -> dict[str, str]:
+    resource = ConfigResource(ResourceType.GROUP, group.name)
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout
+        )
+    except KafkaException as exc:
+        raise TopicProvisionError(
+            f"share group {group.name}: describing its configs failed: {exc.args[0].str()}"
+        ) from exc
+    current = {name: entry.value for name, entry in entries.items()}
+    return {key: value for key, value in group.config.items() if current.get(key) != value}
 
 
 def _reconcile(

