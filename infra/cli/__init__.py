@@ -3,7 +3,7 @@
 This package is the edge of the system: it folds the config file, environment and flags into one
 `Settings` object (common.py) and passes plain keyword arguments down to the rooms. Commands live
 by concern: stack.py (up, down, status, domains, profile, offsets), pipeline.py (produce, process,
-rescore, learn, demo), lake.py (sql, maintain, report), serve.py (serve).
+rescore, learn, demo), lake.py (sql, maintain, report), serve.py (serve), tasks.py (tasks submit, status).
 """
 
 import sys
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import typer
 from confluent_kafka import KafkaException
 
-from infra.cli import common, lake, pipeline, serve, stack
+from infra.cli import common, lake, pipeline, serve, stack, tasks
 from infra.cli.common import UsageError, root
 from schemas.exceptions import RollstreamError
 
@@ -22,7 +22,8 @@ for _group in (stack, pipeline, lake, serve):  # in this order in `rollstream --
     root.registered_commands.extend(_group.app.registered_commands)
 root.add_typer(stack.profile_app, name="profile")
 root.add_typer(stack.offsets_app, name="offsets")
-_COMMANDS = {info.name for info in root.registered_commands} | {"profile", "offsets"}
+root.add_typer(tasks.app, name="tasks")
+_COMMANDS = {info.name for info in root.registered_commands} | {"profile", "offsets", "tasks"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
