@@ -4,6 +4,10 @@ A task's prompt is "a+b=" in `ARITHMETIC_TOKENIZER`'s characters; the policy ans
 sum's digits and eos ("7<eos>"), so the response text is the bare number, which the math
 verifier's final-answer rule (the last non-empty line) reads as the answer and compares with
 `expected_answer` exactly. Generation is deterministic per seed.
+
+The registered math domains also try symbolic equality, so an echo of the prompt ("3+4") is
+judged equal to "7". With `max_operand` <= 4 a response is at most two tokens and has no room
+for it; longer answers want a domain whose options set `symbolic = false`.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -15,6 +17,8 @@ from consumers.policies import (
     load_policy,
     policy_spec_names,
     sample,
+    shifted_entropy,
+    shifted_logprobs,
     token_entropy_packed,
     token_entropy_padded,
     token_logprobs_packed,
@@ -24,6 +28,12 @@ from consumers.policies import (
 LENGTHS = [5, 1, 9, 3, 7, 2]
 SHIPPED = [("tiny", 18, {"dim": 16}), ("tiny", DEFAULT_VOCAB_SIZE, {"dim": 16}), ("transformer", 18, {"dim": 32}),
            ("transformer", 1000, {"dim": 32, "layers": 3, "heads": 2})]  # fmt: skip
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-6) -> None:
+    """Same shape, largest difference within `atol` (torch.testing's first call costs seconds of imports)."""
+    assert actual.shape == expected.shape
+    assert float((actual - expected).detach().abs().max()) <= atol, (actual, expected)
 
 
 @pytest.fixture(autouse=True)
@@ -88,6 +98,7 @@ def test_packed_and_padded_logprobs_agree(name: str, vocab: int, kwargs: dict[st
 
 
 @pytest.mark.parametrize(("name", "vocab", "kwargs"), SHIPPED[::2])
+@torch.no_grad()
 def test_each_score_is_the_next_token_probability_given_the_prefix_alone(
     name: str, vocab: int, kwargs: dict[str, int]
 ) -> None:
@@ -146,7 +157,7 @@ def test_the_transformer_takes_left_padding_and_tiny_refuses_it() -> None:
         left_mask[i, width - len(s) :] = True
     right = policy(pad["input_ids"], pad["attention_mask"])[pad["attention_mask"]]
     left = policy(left_ids, left_mask)[left_mask]
-    assert float((right - left).abs().max()) < 1e-5
+    assert float((right - left).detach().abs().max()) < 1e-5
     tiny = _policy("tiny", 18, {"dim": 8})
     with pytest.raises(PolicyInputError, match="right padding"):
         tiny(left_ids, left_mask)
@@ -156,9 +167,9 @@ def test_tiny_full_logits_are_its_normalized_factorized_scores() -> None:
     tiny = TinyPolicy(vocab_size=18, dim=8)  # 8 classes of 3 tokens: two classes hold none
     states = torch.randn(4, 8)
     full = tiny.full_logprobs(states)
-    torch.testing.assert_close(full.logsumexp(-1), torch.zeros(4), atol=1e-6, rtol=0)
+    _close(full.logsumexp(-1), torch.zeros(4))
     direct = torch.stack([tiny.score(states, torch.full((4,), t)) for t in range(18)], dim=1)
-    torch.testing.assert_close(full, direct)
+    _close(full, direct)
 
 
 def test_inputs_that_do_not_fit_are_refused_with_the_fix() -> None:
@@ -219,10 +230,23 @@ def test_sample_stops_at_eos_and_reports_the_logprobs_it_drew_with() -> None:
         logits = policy(ids, torch.ones_like(ids, dtype=torch.bool))[0]
         at = torch.arange(len(prompt) - 1, ids.shape[1] - 1)
         drawn = torch.log_softmax(logits[at] / 0.5, -1).gather(1, ids[0, at + 1, None]).squeeze(1)
-        torch.testing.assert_close(torch.tensor(d.logprobs), drawn, atol=1e-5, rtol=0)
+        _close(torch.tensor(d.logprobs), drawn, 1e-5)
     greedy = sample(policy, [[2, 3]], max_new_tokens=3, temperature=0)[0]
     ids = torch.tensor([[2, 3, *greedy.tokens]])
     logits = policy(ids, torch.ones_like(ids, dtype=torch.bool))[0]
     assert greedy.tokens == logits[1:-1].argmax(-1).tolist()
     with pytest.raises(PolicyInputError, match="empty prompt"):
         sample(policy, [[]], max_new_tokens=2)
+
+
+def test_shifted_scores_from_logits_with_masked_tokens() -> None:
+    logits = torch.tensor([[[0.0, float("-inf"), 0.0], [1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])
+    ids = torch.tensor([[2, 0, 1]])
+    scored = torch.tensor([[False, True, True]])
+    entropy = shifted_entropy(logits, scored)
+    _close(entropy[0, :2], torch.tensor([0.0, math.log(2)]))
+    logprobs = shifted_logprobs(logits.to(torch.bfloat16), ids, scored)
+    assert logprobs.dtype == torch.float32 and logprobs[0, 0] == 0
+    assert logprobs[0, 1] == pytest.approx(-math.log(2)) and logprobs[0, 2] == pytest.approx(
+        math.log(math.exp(2) / sum(math.exp(v) for v in (1, 2, 3))), abs=2e-2
+    )

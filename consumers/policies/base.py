@@ -118,29 +118,33 @@ def check_packed(
 def shifted_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """`out[..., t] = log_softmax(logits[..., t - 1])[input_ids[..., t]]` where `scored`, else 0.
 
+    Computed in float32 at least (the precision of stored behaviour logprobs).
+
     Args:
         logits: (N, L, V), position t predicting token t + 1.
         input_ids: (N, L).
         scored: (N, L) bool; must be False wherever t - 1 is not the same sequence's previous token
             (every first position, padding).
     """
-    out = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    out = torch.zeros(input_ids.shape, dtype=dtype, device=logits.device)
     take = scored[:, 1:]
     if not bool(take.any()):
         return out + 0.0 * logits.sum()
-    rows = torch.log_softmax(logits[:, :-1][take].float(), dim=-1)
-    picked = rows.gather(1, input_ids[:, 1:][take][:, None]).squeeze(1)
-    out[:, 1:][take] = picked.to(logits.dtype)
+    rows = torch.log_softmax(logits[:, :-1][take].to(dtype), dim=-1)
+    out[:, 1:][take] = rows.gather(1, input_ids[:, 1:][take][:, None]).squeeze(1)
     return out
 
 
 def shifted_entropy(logits: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """Entropy of the distribution that produced token t, `H(softmax(logits[..., t - 1]))` where `scored`, else 0."""
-    out = torch.zeros(scored.shape, dtype=logits.dtype, device=logits.device)
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    out = torch.zeros(scored.shape, dtype=dtype, device=logits.device)
     take = scored[:, 1:]
     if bool(take.any()):
-        logp = torch.log_softmax(logits[:, :-1][take].float(), dim=-1)
-        out[:, 1:][take] = -(logp.exp() * logp).sum(dim=-1).to(logits.dtype)
+        logp = torch.log_softmax(logits[:, :-1][take].to(dtype), dim=-1)
+        probs = logp.exp()
+        out[:, 1:][take] = -torch.where(probs > 0, probs * logp, torch.zeros_like(logp)).sum(dim=-1)
     return out
 
 
