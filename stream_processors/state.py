@@ -6,8 +6,9 @@ decided (rows, or dead letters of decided groups: their groups were decided befo
 of the partition); the running statistics of the domains whose groups this partition owns (a group
 is owned by the partition of its lowest sample_index, so a group spanning rollouts.raw and
 rollouts.ultra counts once); and the tasks whose first complete group it owns (task_window.py),
-read back by walking the history to the window's last snapshot. Pending groups themselves are not stored: every sample of a pending group sits at or above
-its partition's `next` and outside its holes, so the replay from `next` rebuilds them.
+read back by walking the history to the window's last snapshot. Pending groups themselves are not
+stored: every sample of a pending group sits at or above its partition's `next` and outside its
+holes, so the replay from `next` rebuilds them.
 
 Every commit of rows carries the state of every partition the worker consumed since it started
 (never a partition another worker may own), as custom commit metadata (key STATE_KEY) written atomically with the rows and the txn versions (`next - 1`), and
