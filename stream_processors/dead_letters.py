@@ -103,6 +103,19 @@ def dead_letters_table(letters: Sequence[DeadLetter]) -> pa.Table:
     )
 
 
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def letters_query(tp: tuple[str, int], floor: int, error_types: Sequence[str]) -> str:
+    """SQL selecting offset and raw bytes of a partition's letters of `error_types` at offsets >= floor."""
+    kinds = ", ".join(_quoted(kind) for kind in error_types)
+    return (
+        f'SELECT "offset", "raw" FROM letters WHERE "topic" = {_quoted(tp[0])} AND '
+        f'"partition" = {int(tp[1])} AND "offset" >= {int(floor)} AND "error_type" IN ({kinds})'
+    )
+
+
 def held_query(candidates: Sequence[Coordinates]) -> str:
     """SQL selecting the coordinates of the dead_letters table (registered as `letters`) among `candidates`."""
     by_partition: dict[tuple[str, int], list[int]] = {}
@@ -110,10 +123,9 @@ def held_query(candidates: Sequence[Coordinates]) -> str:
         by_partition.setdefault((c.topic, c.partition), []).append(c.offset)
     clauses = []
     for (topic, partition), offsets in sorted(by_partition.items()):
-        quoted = topic.replace("'", "''")
         listed = ", ".join(str(int(o)) for o in sorted(offsets))
         clauses.append(
-            f'("topic" = \'{quoted}\' AND "partition" = {int(partition)} AND "offset" IN ({listed}))'
+            f'("topic" = {_quoted(topic)} AND "partition" = {int(partition)} AND "offset" IN ({listed}))'
         )
     return f'SELECT "topic", "partition", "offset" FROM letters WHERE {" OR ".join(clauses)}'
 
@@ -204,22 +216,32 @@ class DeadLetters:
         self._acknowledged.difference_update(coordinates)
         return written
 
+    def stored_letters(
+        self, tp: tuple[str, int], floor: int, error_types: Sequence[str]
+    ) -> list[tuple[int, bytes]]:
+        """(offset, raw bytes) of the partition's stored letters of `error_types` at offsets >= floor."""
+        table = self.table.refresh()
+        if table is None:
+            return []
+        columns = self._query(table, letters_query(tp, floor, error_types)).to_pydict()
+        return [(int(o), bytes(r)) for o, r in zip(columns["offset"], columns["raw"], strict=True)]
+
     def _held(self, table: DeltaTable, candidates: list[Coordinates]) -> set[Coordinates]:
         """Which of `candidates` the table already holds (one query, through deltalake)."""
-        try:
-            found = pa.table(
-                QueryBuilder().register("letters", table).execute(held_query(candidates)).read_all()
-            )
-        except (DeltaError, OSError, ValueError) as exc:
-            raise SinkError(
-                f"looking up stored dead letters in {self.table.uri} failed: {exc}; the table must be "
-                "readable to write the letters of decided groups (check the lake's storage)"
-            ) from exc
-        columns = found.to_pydict()
+        columns = self._query(table, held_query(candidates)).to_pydict()
         return {
             Coordinates(str(t), int(p), int(o))
             for t, p, o in zip(columns["topic"], columns["partition"], columns["offset"], strict=True)
         }
+
+    def _query(self, table: DeltaTable, sql: str) -> pa.Table:
+        try:
+            return pa.table(QueryBuilder().register("letters", table).execute(sql).read_all())
+        except (DeltaError, OSError, ValueError) as exc:
+            raise SinkError(
+                f"reading stored dead letters in {self.table.uri} failed: {exc}; the table must be "
+                "readable to resume and to write the letters of decided groups (check the lake's storage)"
+            ) from exc
 
     def _produce(self, letters: Sequence[DeadLetter]) -> None:
         """Send letters and wait for the broker; a letter rejected as too large goes again, cut."""

@@ -12,7 +12,9 @@ a crash or SIGKILL decides every message the same way. The memory it needs is th
 the last `window` offsets of each partition. It is durable without being stored twice: every
 accepted trajectory below a partition's `next` (state.py) is a row of the trajectories table, and
 so is every hole above it; on (re)assignment `RecentTrajectories.load` reads back the ids of the
-rows at offsets >= next - window, and the replay from `next` adds the rest in order.
+rows at offsets >= next - window, and the replay from `next` adds the rest in order. A trajectory
+accepted here may still become a dead letter when its group is decided (another attempt of a task,
+attempts.py): `load` reads those ids back too, from the dead_letters table (`decided`).
 
 Bound: at most `window` ids per partition plus its holes (rows already written above `next`).
 A copy re-sent more than `window` messages of its partition after the first is not recognised,
@@ -23,9 +25,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from stream_processors.exceptions import SinkError
@@ -35,6 +37,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 20_000
 """Offsets per partition within which a re-sent trajectory is recognised (about 5 MB of ids)."""
+
+DecidedIds = Callable[[TopicPartition, int], list[tuple[int, str]]]
+"""(offset, trajectory_id) of a partition's accepted trajectories at offsets >= a floor that became
+dead letters when their group was decided."""
 
 
 @dataclass(slots=True)
@@ -101,8 +107,11 @@ class RecentTrajectories:
             self.duplicates += 1
         return first
 
-    def load(self, table: TxnTable, tp: TopicPartition, next_offset: int) -> int:
-        """Read back the ids of `tp`'s rows at offsets >= next_offset - window; returns how many."""
+    def load(
+        self, table: TxnTable, tp: TopicPartition, next_offset: int, decided: DecidedIds | None = None
+    ) -> int:
+        """Read back the ids of `tp`'s rows at offsets >= next_offset - window, and those `decided`
+        gives; returns how many."""
         part = self._partitions[tp] = PartitionIds()
         if self.window == 0:
             return 0
@@ -122,13 +131,18 @@ class RecentTrajectories:
                 f"reading the recent trajectory ids of {tp} from {table.uri} failed: {exc}; the "
                 "table must be readable to resume (check the lake's storage)"
             ) from exc
-        found = found.take(pc.sort_indices(found, sort_keys=[("offset", "ascending")]))
-        for tid, offset in zip(
-            found.column("trajectory_id").to_pylist(), found.column("offset").to_pylist(), strict=True
-        ):
-            part.add(str(tid), int(offset))
-        log.debug("%s: %d recent trajectory ids of %s read back", table.uri, found.num_rows, tp)
-        return found.num_rows
+        accepted = [
+            (int(offset), str(tid))
+            for tid, offset in zip(
+                found.column("trajectory_id").to_pylist(), found.column("offset").to_pylist(), strict=True
+            )
+        ]
+        if decided is not None:
+            accepted += decided(tp, next_offset - self.window)
+        for offset, tid in sorted(accepted):
+            part.add(tid, offset)
+        log.debug("%s: %d recent trajectory ids of %s read back", table.uri, len(accepted), tp)
+        return len(accepted)
 
     def drop(self, tps: set[TopicPartition]) -> None:
         """Forget revoked partitions (read back by `load` if they come back)."""

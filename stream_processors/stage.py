@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from stream_processors.advantages import NO_SIGNAL_STATUSES, GroupNormalization, Member, decide_group
-from stream_processors.attempts import refused
+from stream_processors.attempts import DUPLICATE_ATTEMPT, MIXED_ATTEMPTS, refused
 from stream_processors.dead_letters import DeadLetter, DeadLetters
 from stream_processors.dedup import DEFAULT_WINDOW, RecentTrajectories
 from stream_processors.delta_sink import DeltaSink, trajectories_table
@@ -171,7 +171,7 @@ class Stage:
         wanted = list(partitions)
         self.state.load(self.sink.table, wanted)
         for tp in wanted:
-            self.recent.load(self.sink.table, tp, self.state.partition(tp).next)
+            self._load_recent(tp)
         for topic, topic_id in topic_ids.items():
             stored = self.state.topic_ids.get(topic)
             if stored is not None and stored != topic_id:
@@ -219,7 +219,7 @@ class Stage:
                 self.recent.drop(fresh)
             for tp in touched:
                 if tp not in self.recent:
-                    self.recent.load(self.sink.table, tp, self.state.partition(tp).next)
+                    self._load_recent(tp)
             kept, duplicates = self._deduplicate(batch)
             executions = 0
             if self.executions is not None and batch.executions:
@@ -344,6 +344,15 @@ class Stage:
                 )
             )
         return kept, letters
+
+    def _load_recent(self, tp: TopicPartition) -> None:
+        """Read back the trajectory ids dedup counts as accepted in `tp` (rows, and samples of
+        decided groups that became dead letters)."""
+        self.recent.load(self.sink.table, tp, self.state.partition(tp).next, self._decided_ids)
+
+    def _decided_ids(self, tp: TopicPartition, floor: int) -> list[tuple[int, str]]:
+        found = self.dead_letters.stored_letters(tp, floor, (DUPLICATE_ATTEMPT, MIXED_ATTEMPTS))
+        return [(offset, str(self.processor.codec.decode(raw)["trajectory_id"])) for offset, raw in found]
 
     def _write_letters(self) -> int:
         """Write the letters of decided groups (their offsets may lie below stored letters)."""

@@ -226,6 +226,22 @@ def test_letters_of_another_attempt_become_holes_and_a_partial_earlier_attempt_t
     assert sorted(letters(tmp_path)["offset"].to_list()) == [6, 7, 8, 9]
 
 
+def test_a_resent_sample_of_another_attempt_is_a_duplicate_before_and_after_a_restart(tmp_path):
+    feed = Feed()
+    stage = make_stage(tmp_path)
+    retried = group("task-a", 2)
+    stage.run(feed.add(group("task-a", 1) + retried + group(None, 0)))  # letters at 4-7, next 12
+    resent = feed.add([retried[0]])  # the publisher sent attempt 2's first sample again
+    assert stage.accept(stage.judge(resent)).duplicates == 1  # its letter is written; then a crash
+    restarted = make_stage(tmp_path)  # reads attempt 2's ids back from the dead letters
+    replay = restarted.accept(restarted.judge(resent))
+    assert (replay.duplicates, replay.dead_letters_written, replay.dead_letters_skipped) == (1, 0, 1)
+    assert restarted.flush() == 0 and restarted.pending_groups == 0
+    dead = letters(tmp_path).sort("offset")
+    assert dead["error_type"].to_list() == ["duplicate_attempt"] * 4 + ["duplicate"]
+    assert 12 not in rows(tmp_path)["offset"].to_list()
+
+
 def test_a_sample_of_another_attempt_in_a_pending_group_is_a_dead_letter(tmp_path):
     feed = Feed()
     records = group("task-d", 1)
