@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import signal
 import socket
 import threading
@@ -36,6 +37,8 @@ from producers.backends import (
     WeightsError,
 )
 from producers.backends.weights import check_compatible, load_weights
+
+log = logging.getLogger(__name__)
 
 
 class ServeError(InfraError):
@@ -123,6 +126,7 @@ class PolicyServer:
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.log = ResponseLog(response_log) if response_log else None
+        self.follow: tuple[str, float] | None = None
         self._updating = asyncio.Lock()
         self.app = FastAPI(title="rollstream serve", docs_url=None, redoc_url=None)
         self.app.add_api_route("/v1/completions", self.completions, methods=["POST"])
@@ -233,6 +237,24 @@ class PolicyServer:
                 return _error(400, str(exc))
         return {"success": True, "weight_version": self.backend.version, "message": f"loaded {request.path}"}
 
+    async def follow_versions(self, lake_uri: str, interval_s: float) -> None:
+        """Poll the lake's policies table; load and swap in each newer version (sha256 checked)."""
+        from consumers.weights import PolicyWatcher
+        from consumers.weights import load_weights as load_published
+
+        watcher = PolicyWatcher(lake_uri)
+        while True:
+            try:
+                record = await asyncio.to_thread(watcher.latest)
+                if record is not None and record.number > self.backend.version:
+                    tensors = await asyncio.to_thread(load_published, record)
+                    async with self._updating:
+                        await self.backend.set_weights(tensors, version=record.number)
+                    log.info("serving policy version %d (step %d)", record.number, record.step)
+            except Exception as exc:  # a version that does not load now may load at the next poll
+                log.warning("following %s: %s", lake_uri, exc)
+            await asyncio.sleep(interval_s)
+
     async def health(self) -> dict[str, Any]:
         """Liveness and the version being served."""
         return {"status": "ok", "weight_version": self.backend.version}
@@ -289,6 +311,9 @@ class ServeOptions:
         host: the address to bind; 127.0.0.1 keeps it on this machine.
         port: the port; 0 picks a free one (the listening line says which).
         response_log: a JSONL file of every returned sample.
+        follow_lake: a lake whose ``policies`` table the server polls, loading each newer version
+            (sha256 checked) and swapping it in while it keeps serving; None: only explicit updates.
+        follow_interval_s: seconds between polls of that table.
     """
 
     policy: str
@@ -301,6 +326,8 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     response_log: Path | None = None
+    follow_lake: str | None = None
+    follow_interval_s: float = 0.5
 
 
 def build_server(options: ServeOptions) -> PolicyServer:
@@ -327,9 +354,12 @@ def build_server(options: ServeOptions) -> PolicyServer:
         tokenizer=tokenizer,
         model_id=options.policy,
     )
-    return PolicyServer(
+    server = PolicyServer(
         backend, model_id=options.policy, tokenizer=tokenizer, response_log=options.response_log
     )
+    if options.follow_lake is not None:
+        server.follow = (options.follow_lake, options.follow_interval_s)
+    return server
 
 
 def run(server: PolicyServer, *, host: str, port: int, announce: Callable[[str], None]) -> int:
@@ -361,6 +391,10 @@ def run(server: PolicyServer, *, host: str, port: int, announce: Callable[[str],
 
     async def serve() -> None:
         task = asyncio.create_task(userver.serve(sockets=[sock]))
+        follower = None
+        if server.follow is not None:
+            follower = asyncio.create_task(server.follow_versions(*server.follow))
+            task.add_done_callback(lambda _: follower.cancel())
         while not userver.started and not task.done():
             await asyncio.sleep(0.02)
         if userver.started:

@@ -36,6 +36,12 @@ def serve(
     response_log: Annotated[
         Path | None, typer.Option("--response-log", help="JSONL file of every sample returned")
     ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", help="load each new version the learner publishes in the lake's policies table"
+        ),
+    ] = False,
 ) -> int:
     from infra.serve import ServeOptions, build_server, run
 
@@ -50,6 +56,7 @@ def serve(
         host=host,
         port=port,
         response_log=response_log,
+        follow_lake=common.settings().lake_uri if follow else None,
     )
     server = build_server(options)
 
