@@ -401,9 +401,42 @@ def demo(
     timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for the processor")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="end with the summary as one JSON object")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
+    loop: Annotated[
+        bool,
+        typer.Option(
+            "--loop",
+            help="the closed loop: tasks, rollstream serve, a rollout worker, process, learn, reload",
+        ),
+    ] = False,
+    versions: Annotated[int, typer.Option("--versions", help="with --loop: versions to publish")] = 8,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="with --loop: seconds before submitting stops")
+    ] = 300.0,
 ) -> int:
     from infra.demo import run_demo
     from infra.progress_bars import Bars, bars_wanted
+
+    if loop:
+        from infra.loop import LoopOptions, run_loop
+
+        result = run_loop(
+            common.settings(),
+            LoopOptions(versions=versions, time_limit_s=time_limit, seed=seed or 0),
+            progress=progress,
+        )
+        for reward in result.rewards:
+            held = result.heldout.get(reward.version)
+            progress(
+                f"version {reward.version}: {reward.groups} groups, training reward {reward.mean:.3f} "
+                f"(se {reward.se:.3f})" + ("" if held is None else f", held-out greedy {held:.2f}")
+            )
+        progress(
+            f"{result.submitted} tasks: {result.done} done, {result.dead} dead; {result.complete_groups} complete "
+            f"groups in {result.table_uri}; MLflow run {result.run_id} at {result.tracking_uri}"
+        )
+        if as_json:
+            print(json.dumps(result.as_dict()))
+        return 0 if result.accounted_for else 1
 
     bars = Bars(enabled=bars_wanted(as_json=as_json) and not no_progress)
     with bars:
