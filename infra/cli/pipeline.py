@@ -334,6 +334,28 @@ def learn(
     ] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
+    policy: Annotated[
+        str, typer.Option("--policy", help='"tiny", "transformer" or an import path "module:factory"')
+    ] = "tiny",
+    objective: Annotated[Literal["decoupled_ppo", "tis"], typer.Option("--objective")] = "decoupled_ppo",
+    aggregation: Annotated[Literal["grpo", "dr_grpo"], typer.Option("--aggregation")] = "grpo",
+    layout: Annotated[Literal["padded", "packed"], typer.Option("--layout", help="batch layout")] = "padded",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    publish_every: Annotated[
+        int | None,
+        typer.Option(
+            "--publish-every",
+            help="publish the weights by version every N steps (lake/weights, the policies table); "
+            "the learner's version is then the published number",
+        ),
+    ] = None,
+    register_model: Annotated[
+        str | None, typer.Option("--register-model", help="also register each version as this MLflow model")
+    ] = None,
+    announce: Annotated[
+        bool,
+        typer.Option("--announce", help="announce each version on the compacted rollouts.policies topic"),
+    ] = False,
 ) -> int:
     import threading
 
@@ -343,10 +365,20 @@ def learn(
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     from consumers import learn as run_learn
+    from consumers.versioning import PublishOptions
     from infra.progress_bars import Bars, bars_wanted
 
     settings = common.settings()
     steps = steps if steps is not None else (None if follow else 20)
+    publish = None
+    if publish_every is not None:
+        publish = PublishOptions(
+            lake_uri=settings.lake_uri,
+            every=publish_every,
+            storage_options=settings.delta_storage_options(),
+            model_name=register_model,
+            kafka_config=settings.kafka_config() if announce else None,
+        )
     bars = Bars(enabled=bars_wanted() and not no_progress)
     with bars:
         result = run_learn(
@@ -362,6 +394,12 @@ def learn(
             checkpoint_path=checkpoint,
             checkpoint_every=checkpoint_every,
             rows_log=rows_log,
+            policy=policy,
+            objective=objective,
+            aggregation=aggregation,
+            layout=layout,
+            device=device,
+            publish=publish,
             progress=bars.line,
             on_step=lambda step, total: bars.advance("learn", step, total),
             stop=stop,
