@@ -38,6 +38,7 @@ _TRAJECTORY_COLUMNS = [
     "length",
     "bucket",
     "policy_version",
+    "group_id",
     "created_at",
     "ingested_at",
 ]
@@ -106,6 +107,12 @@ def build_report(
         ("Reward by domain", f"mean reward of the {TOP_DOMAINS} largest domains", _by_domain),
         ("Pass rate over time", "share of ok verdicts over ingestion time, by task type", _pass_rate),
         ("Length mix against the profile", f"profile {profile.id}", lambda f: _length_mix(f, profile)),
+        (
+            "Reward by policy version",
+            "the mean of per-group mean rewards of the groups each policy version generated, with its "
+            "standard error (a group's samples are correlated)",
+            _by_version,
+        ),
         ("Staleness", "policy versions behind the newest in the table", _staleness),
         (
             "Throughput and delay",
@@ -224,6 +231,27 @@ def _length_mix(rows: pl.DataFrame, profile: WorkloadProfile) -> Figure:
     axes.set_ylabel("share")
     distance = profile.distance(counts) if counts else 1.0
     axes.legend(title=f"TV distance {distance:.3f}")
+    return figure
+
+
+def _by_version(rows: pl.DataFrame) -> Figure:
+    figure, axes = _figure("training reward by policy version")
+    if rows.is_empty():
+        _empty(axes)
+        return figure
+    stats = (
+        rows.group_by("group_id")
+        .agg(pl.col("policy_version").min(), pl.col("reward").mean())
+        .group_by("policy_version")
+        .agg(pl.col("reward").mean().alias("mean"), pl.col("reward").std().alias("std"), pl.len().alias("n"))
+        .sort("policy_version")
+    )
+    se = [
+        0.0 if n < 2 or std is None else std / n**0.5 for std, n in zip(stats["std"], stats["n"], strict=True)
+    ]
+    axes.errorbar(stats["policy_version"].to_list(), stats["mean"].to_list(), yerr=se, marker="o", capsize=3)
+    axes.set_xlabel("policy version")
+    axes.set_ylabel("mean reward per group")
     return figure
 
 

@@ -86,7 +86,7 @@ def test_report_writes_each_plot_as_png_and_inline(tmp_path):
     )
     write_deltalake(str(lake / "dead_letters"), letters)
     report = build_report(lake, tmp_path / "out")
-    assert report.rows == 300 and report.dead_letters == 1 and len(report.images) == 7
+    assert report.rows == 300 and report.dead_letters == 1 and len(report.images) == 8
     page = report.html_path.read_text()
     for image in report.images:
         data = image.read_bytes()
