@@ -9,6 +9,7 @@ import java.util.Properties;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
+import org.apache.avro.generic.GenericRecordBuilder;
 import org.apache.avro.message.BinaryMessageEncoder;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -39,28 +40,29 @@ public class PublishTrajectories {
     try (KafkaProducer<byte[], byte[]> producer =
         new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer())) {
       for (int i = 0; i < count; i++) {
-        GenericRecord r = new GenericData.Record(schema);
+        // The builder fills every field left unset with its schema default (task_id, attempt, ...).
+        GenericRecordBuilder r = new GenericRecordBuilder(schema);
         String group = "java-group-" + (i / 4);
-        r.put("trajectory_id", "java-" + i);
-        r.put("group_id", group);
-        r.put("sample_index", i % 4);
-        r.put("group_size", 4);
-        r.put("domain", "math/java-000");
-        r.put("task_type", "math");
-        r.put("policy_version", 3L);
-        r.put("prompt_tokens", ints(1, 2, 3, i));
-        r.put("response_tokens", ints(7, i));
-        r.put("response_logprobs", floats(-0.5f, -1.5f));
-        r.put("response_text", "Answer: " + i);
-        r.put("finish_reason", "stop");
-        r.put("expected_answer", Integer.toString(i));
-        r.put("unit_tests", null);
-        r.put("gold_fields", null);
-        r.put("precomputed_reward", null);
-        r.put("worker_id", "java-worker");
-        r.put("created_at", 1764504000000L + i);
-        r.put("metadata", Map.of("lang", "java"));
-        byte[] value = encoder.encode(r).array();
+        r.set("trajectory_id", "java-" + i);
+        r.set("group_id", group);
+        r.set("sample_index", i % 4);
+        r.set("group_size", 4);
+        r.set("domain", "math/java-000");
+        r.set("task_type", "math");
+        r.set("policy_version", 3L);
+        r.set("prompt_tokens", ints(1, 2, 3, i));
+        r.set("response_tokens", ints(7, i));
+        r.set("response_logprobs", floats(-0.5f, -1.5f));
+        r.set("response_text", "Answer: " + i);
+        r.set("finish_reason", "stop");
+        r.set("expected_answer", Integer.toString(i));
+        r.set("unit_tests", null);
+        r.set("gold_fields", null);
+        r.set("precomputed_reward", null);
+        r.set("worker_id", "java-worker");
+        r.set("created_at", 1764504000000L + i);
+        r.set("metadata", Map.of("lang", "java"));
+        byte[] value = encoder.encode(r.build()).array();
         producer.send(new ProducerRecord<>(args[2], group.getBytes("UTF-8"), value)).get();
       }
     }
