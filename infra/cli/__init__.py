@@ -3,7 +3,8 @@
 This package is the edge of the system: it folds the config file, environment and flags into one
 `Settings` object (common.py) and passes plain keyword arguments down to the rooms. Commands live
 by concern: stack.py (up, down, status, domains, profile, offsets), pipeline.py (produce, process,
-rescore, learn, demo), lake.py (sql, maintain, report), serve.py (serve), tasks.py (tasks submit, status).
+rescore, learn, demo), lake.py (sql, maintain, report), serve.py (serve), rollout.py (rollout), tasks.py
+(tasks submit, status).
 """
 
 import sys
@@ -12,13 +13,13 @@ from collections.abc import Sequence
 import typer
 from confluent_kafka import KafkaException
 
-from infra.cli import common, lake, pipeline, serve, stack, tasks
+from infra.cli import common, lake, pipeline, rollout, serve, stack, tasks
 from infra.cli.common import UsageError, root
 from schemas.exceptions import RollstreamError
 
 __all__ = ["UsageError", "main"]
 
-for _group in (stack, pipeline, lake, serve):  # in this order in `rollstream --help`
+for _group in (stack, pipeline, lake, serve, rollout):  # in this order in `rollstream --help`
     root.registered_commands.extend(_group.app.registered_commands)
 root.add_typer(stack.profile_app, name="profile")
 root.add_typer(stack.offsets_app, name="offsets")
