@@ -153,3 +153,71 @@ class TrajectoryCodec:
         if not isinstance(record, dict):
             raise DecodeError(f"expected a record, decoded {type(record).__name__}")
         return record
+
+
+class RecordCodec:
+    """Single-object encoding of one record type by its shipped schema; a base for small records.
+
+    Every .avsc under ``schemas/avro/`` naming the same record is a known writer schema, and so is
+    each of `writer_schemas`; a message is resolved from its writer schema to the shipped one.
+
+    Args:
+        schema_path: the shipped (reader) schema.
+        writer_schemas: further schemas of the same record whose messages may arrive.
+    """
+
+    def __init__(self, schema_path: Path, *, writer_schemas: Iterable[SchemaLike] = ()) -> None:
+        raw = load_schema(schema_path)
+        self.name = record_name(raw)
+        self._reader = _parse(raw)
+        self._header = MAGIC + fingerprint_of(raw)
+        self._writers: dict[bytes, Any] = {self._header[2:]: self._reader}
+        shipped = (load_schema(path) for path in sorted(AVRO_DIR.rglob("*.avsc")))
+        for schema in [*(s for s in shipped if record_name(s) == self.name), *writer_schemas]:
+            self._writers.setdefault(fingerprint_of(schema), _parse(load_schema(schema)))
+
+    @property
+    def fingerprint(self) -> int:
+        """The reader schema's 64-bit fingerprint, as an unsigned integer."""
+        return int.from_bytes(self._header[2:], "little")
+
+    def encode_fields(self, fields: Mapping[str, Any], what: str) -> bytes:
+        """One message of `fields`: marker, fingerprint, Avro body; `what` names the record in errors."""
+        out = io.BytesIO()
+        out.write(self._header)
+        try:
+            fastavro.schemaless_writer(out, self._reader, fields)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise EncodeError(f"{what} does not fit {self.name}: {exc!r}") from exc
+        return out.getvalue()
+
+    def decode_fields(self, data: bytes) -> dict[str, Any]:
+        """The fields of one message, resolved from its writer schema to ours.
+
+        Raises:
+            UnknownSchemaError: the message names a writer schema this codec does not know.
+            DecodeError: the bytes are not a single-object message of this record.
+        """
+        if len(data) < HEADER_SIZE or data[:2] != MAGIC:
+            raise DecodeError(
+                f"not an Avro single-object message: expected marker C3 01 and an 8-byte fingerprint, "
+                f"got {len(data)} bytes starting {data[:10].hex() or 'nothing'}"
+            )
+        writer = self._writers.get(data[2:HEADER_SIZE])
+        if writer is None:
+            raise UnknownSchemaError(
+                f"message names writer schema fingerprint {data[2:HEADER_SIZE].hex()} (little-endian), "
+                f"which is no {self.name} this codec knows: ship its .avsc under schemas/avro/ or pass "
+                "it in writer_schemas"
+            )
+        body = io.BytesIO(data)
+        body.seek(HEADER_SIZE)
+        try:
+            fields = fastavro.schemaless_reader(
+                body, writer, None if writer is self._reader else self._reader
+            )
+        except Exception as exc:
+            raise DecodeError(f"{self.name} body does not decode: {exc!r}") from exc
+        if body.tell() != len(data) or not isinstance(fields, dict):
+            raise DecodeError(f"{len(data) - body.tell()} trailing bytes after the {self.name} body")
+        return fields

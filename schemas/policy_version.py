@@ -10,26 +10,14 @@ trajectory (``schemas/avro/policy_version.avsc``), the value of a record on the 
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import fastavro
-
-from schemas.codec import (
-    AVRO_DIR,
-    HEADER_SIZE,
-    MAGIC,
-    SchemaLike,
-    _parse,
-    fingerprint_of,
-    load_schema,
-    record_name,
-)
-from schemas.exceptions import DecodeError, EncodeError, PolicyVersionError, UnknownSchemaError
+from schemas.codec import AVRO_DIR, RecordCodec, SchemaLike
+from schemas.exceptions import DecodeError, PolicyVersionError
 
 POLICY_VERSION_SCHEMA_PATH = AVRO_DIR / "policy_version.avsc"
 POLICY_VERSIONS_TOPIC = "rollouts.policies"
@@ -97,7 +85,7 @@ class PolicyVersion:
         return cls(**{name: fields[name] for name in names})
 
 
-class PolicyVersionCodec:
+class PolicyVersionCodec(RecordCodec):
     """Avro single-object encoding of `PolicyVersion` (the trajectory's wire format, WIRE_FORMAT.md).
 
     Args:
@@ -106,31 +94,11 @@ class PolicyVersionCodec:
     """
 
     def __init__(self, *, writer_schemas: Iterable[SchemaLike] = ()) -> None:
-        raw = load_schema(POLICY_VERSION_SCHEMA_PATH)
-        self._name = record_name(raw)
-        self._reader = _parse(raw)
-        self._header = MAGIC + fingerprint_of(raw)
-        self._writers: dict[bytes, Any] = {self._header[2:]: self._reader}
-        shipped = (load_schema(path) for path in sorted(AVRO_DIR.rglob("*.avsc")))
-        for schema in [*(s for s in shipped if record_name(s) == self._name), *writer_schemas]:
-            self._writers.setdefault(fingerprint_of(schema), _parse(load_schema(schema)))
-
-    @property
-    def fingerprint(self) -> int:
-        """The reader schema's 64-bit fingerprint, as an unsigned integer."""
-        return int.from_bytes(self._header[2:], "little")
+        super().__init__(POLICY_VERSION_SCHEMA_PATH, writer_schemas=writer_schemas)
 
     def encode(self, record: PolicyVersion) -> bytes:
         """One message: marker, fingerprint, Avro body."""
-        out = io.BytesIO()
-        out.write(self._header)
-        try:
-            fastavro.schemaless_writer(out, self._reader, record.as_dict())
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise EncodeError(
-                f"policy version {getattr(record, 'number', '?')!r} does not fit {self._name}: {exc!r}"
-            ) from exc
-        return out.getvalue()
+        return self.encode_fields(record.as_dict(), f"policy version {getattr(record, 'number', '?')!r}")
 
     def decode(self, data: bytes) -> PolicyVersion:
         """The record in one message, resolved from its writer schema to ours.
@@ -139,28 +107,8 @@ class PolicyVersionCodec:
             UnknownSchemaError: the message names a writer schema this codec does not know.
             DecodeError: the bytes are not a single-object message or not a valid record.
         """
-        if len(data) < HEADER_SIZE or data[:2] != MAGIC:
-            raise DecodeError(
-                f"not an Avro single-object message: expected marker C3 01 and an 8-byte fingerprint, "
-                f"got {len(data)} bytes starting {data[:10].hex() or 'nothing'}"
-            )
-        writer = self._writers.get(data[2:HEADER_SIZE])
-        if writer is None:
-            raise UnknownSchemaError(
-                f"message names writer schema fingerprint {data[2:HEADER_SIZE].hex()} (little-endian), "
-                f"which is no {self._name} this codec knows: pass the writer's schema in writer_schemas"
-            )
-        body = io.BytesIO(data)
-        body.seek(HEADER_SIZE)
-        try:
-            fields = fastavro.schemaless_reader(
-                body, writer, None if writer is self._reader else self._reader
-            )
-        except Exception as exc:
-            raise DecodeError(f"{self._name} body does not decode: {exc!r}") from exc
-        if body.tell() != len(data) or not isinstance(fields, dict):
-            raise DecodeError(f"{len(data) - body.tell()} trailing bytes after the {self._name} body")
+        fields = self.decode_fields(data)
         try:
             return PolicyVersion.from_dict(fields)
         except PolicyVersionError as exc:
-            raise DecodeError(f"decoded {self._name} is invalid: {exc}") from exc
+            raise DecodeError(f"decoded {self.name} is invalid: {exc}") from exc

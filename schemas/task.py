@@ -8,19 +8,17 @@ WIRE_FORMAT.md); `Task` checks every field when it is built, so a decoded task i
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import fastavro
 import numpy as np
 import numpy.typing as npt
 
-from schemas.codec import AVRO_DIR, HEADER_SIZE, MAGIC, SchemaLike, fingerprint_of, load_schema
-from schemas.exceptions import DecodeError, EncodeError, RollstreamError, SchemaError, UnknownSchemaError
+from schemas.codec import AVRO_DIR, RecordCodec, SchemaLike
+from schemas.exceptions import RollstreamError
 from schemas.packing import unpack_int32
 
 TASK_SCHEMA_PATH = AVRO_DIR / "task.avsc"
@@ -193,7 +191,7 @@ class Task:
             raise self._fail(f"prior_attempts = {self.prior_attempts!r}; give an integer >= 0")
 
 
-class TaskCodec:
+class TaskCodec(RecordCodec):
     """Avro single-object encoding of `Task`, resolving any known writer schema to the shipped one.
 
     Args:
@@ -202,28 +200,11 @@ class TaskCodec:
     """
 
     def __init__(self, *, writer_schemas: Iterable[SchemaLike] = ()) -> None:
-        raw = load_schema(TASK_SCHEMA_PATH)
-        self._reader = _parse(raw)
-        self._header = MAGIC + fingerprint_of(raw)
-        self._writers: dict[bytes, Any] = {self._header[2:]: self._reader}
-        shipped = (load_schema(path) for path in sorted(AVRO_DIR.rglob("*.avsc")))
-        for schema in [*(s for s in shipped if _full_name(s) == TASK_RECORD), *writer_schemas]:
-            self._writers.setdefault(fingerprint_of(schema), _parse(load_schema(schema)))
-
-    @property
-    def fingerprint(self) -> int:
-        """The reader schema's 64-bit fingerprint, as an unsigned integer."""
-        return int.from_bytes(self._header[2:], "little")
+        super().__init__(TASK_SCHEMA_PATH, writer_schemas=writer_schemas)
 
     def encode(self, task: Task) -> bytes:
         """One message: marker, fingerprint, Avro body."""
-        out = io.BytesIO()
-        out.write(self._header)
-        try:
-            fastavro.schemaless_writer(out, self._reader, task.as_dict())
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise EncodeError(f"task {task.task_id!r} does not fit {TASK_RECORD}: {exc!r}") from exc
-        return out.getvalue()
+        return self.encode_fields(task.as_dict(), f"task {task.task_id!r}")
 
     def decode(self, data: bytes) -> Task:
         """The task in one message.
@@ -233,43 +214,7 @@ class TaskCodec:
             DecodeError: the bytes are not a single-object message of a Task record.
             TaskError: the record decodes but a field is invalid.
         """
-        if len(data) < HEADER_SIZE or data[:2] != MAGIC:
-            raise DecodeError(
-                f"not an Avro single-object message: expected marker C3 01 and an 8-byte fingerprint, "
-                f"got {len(data)} bytes starting {data[:10].hex() or 'nothing'}"
-            )
-        writer = self._writers.get(data[2:HEADER_SIZE])
-        if writer is None:
-            raise UnknownSchemaError(
-                f"message names writer schema fingerprint {data[2:HEADER_SIZE].hex()} (little-endian), "
-                f"which is no {TASK_RECORD} this codec knows: ship its .avsc under schemas/avro/ "
-                "or pass it in writer_schemas"
-            )
-        body = io.BytesIO(data)
-        body.seek(HEADER_SIZE)
-        try:
-            fields = fastavro.schemaless_reader(
-                body, writer, None if writer is self._reader else self._reader
-            )
-        except Exception as exc:
-            raise DecodeError(f"{TASK_RECORD} body does not decode: {exc!r}") from exc
-        if body.tell() != len(data) or not isinstance(fields, dict):
-            raise DecodeError(f"{len(data) - body.tell()} trailing bytes after the {TASK_RECORD} body")
-        return Task.from_dict(fields)
-
-
-def _parse(schema: Any) -> Any:
-    try:
-        return fastavro.parse_schema(schema, named_schemas={})
-    except Exception as exc:
-        raise SchemaError(f"invalid Avro schema: {exc}") from exc
-
-
-def _full_name(schema: Any) -> str:
-    if not isinstance(schema, Mapping) or not isinstance(schema.get("name"), str):
-        return ""
-    name, namespace = schema["name"], schema.get("namespace")
-    return name if "." in name or not namespace else f"{namespace}.{name}"
+        return Task.from_dict(self.decode_fields(data))
 
 
 def _utc_millis(value: Any, task_id: str) -> datetime:
