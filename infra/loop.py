@@ -67,6 +67,10 @@ class LoopOptions:
         lr: the learner's learning rate.
         concurrency: groups the rollout worker generates at once.
         seed: seeds the initial weights and the draws.
+        synchronous: the synchronous baseline (bench/loop.py): wave v is submitted once version
+            v is published, the server generates with it and every earlier task settled; the
+            learner samples only once all of the wave's groups are in the table, trains on them
+            alone (its buffer's max_lag 0) and publishes v+1. Generation and training never overlap.
     """
 
     versions: int = 8
@@ -79,6 +83,7 @@ class LoopOptions:
     lr: float = 5e-3
     concurrency: int = 8
     seed: int = 0
+    synchronous: bool = False
 
 
 @dataclass
@@ -257,6 +262,8 @@ def _drive(
     evaluate = _HeldoutEvaluator(tokenizer, settings.tracking_uri, heldout, progress)
     stop_learner = threading.Event()
     learned: dict[str, Any] = {}
+    rollout = _Rollout(settings, options, url, tokenizer)
+    gate = _SyncGate(settings, options, url, rollout, stop_learner, evaluate) if options.synchronous else None
 
     def learner() -> None:
         try:
@@ -275,7 +282,7 @@ def _drive(
                     every=options.publish_every,
                     storage_options=settings.delta_storage_options(),
                 ),
-                on_publish=evaluate,
+                on_publish=evaluate if gate is None else gate,
                 stop=stop_learner,
                 follow=True,
                 layout="packed",
@@ -283,22 +290,21 @@ def _drive(
                 max_length=8,
                 vocab_size=tokenizer.vocab_size,
                 profile_matched=False,
-                max_lag=options.max_lag,
+                max_lag=0 if options.synchronous else options.max_lag,
                 samples_per_insert=options.samples_per_insert,
-                min_size=options.rows_per_step,
+                min_size=options.wave * GROUP_SIZE if options.synchronous else options.rows_per_step,
                 sample_timeout_s=5.0,
                 poll_interval_s=0.2,
             )
         except BaseException as exc:  # reported by the driver
             learned["error"] = exc
 
-    rollout = _Rollout(settings, options, url, tokenizer)
     thread = threading.Thread(target=learner, name="loop-learner", daemon=True)
     thread.start()
     rollout.start()
     submitted = 0
     try:
-        submitted = _feed(settings, options, rollout, learned, thread, children, started, progress)
+        submitted = _feed(settings, options, rollout, learned, thread, children, started, progress, gate)
         _drain(settings, rollout, submitted, children, progress)
     finally:
         stop_learner.set()
@@ -330,6 +336,7 @@ def _feed(
     children: _Children,
     started: float,
     progress: Progress,
+    gate: _SyncGate | None = None,
 ) -> int:
     """Submit waves of tasks until the learner reaches the target version or the time runs out."""
     from consumers.weights import PolicyWatcher
@@ -351,17 +358,82 @@ def _feed(
         # One wave a version, at most max_lag waves ahead of the learner: each version's weights
         # generate about a wave of groups, and no group waits for the learner longer than the
         # staleness limit allows.
-        if wave <= max(version, 0) + options.max_lag - 1 and submitted - rollout.settled() < options.wave:
+        if gate is not None:
+            if wave <= max(version, 0) and rollout.settled() == submitted and gate.serving(version):
+                submitted += _submit(settings, options, wave)
+                wave += 1
+                gate.submitted = submitted
+        elif wave <= max(version, 0) + options.max_lag - 1 and submitted - rollout.settled() < options.wave:
             submitted += _submit(settings, options, wave)
             wave += 1
         time.sleep(0.25)
+
+
+class _SyncGate:
+    """`LoopOptions.synchronous`: after publishing version v the learner waits here until wave v
+    was submitted and all its groups are in the table (or the loop stops); the wait is logged as
+    `sync_wait_s` at the publishing step."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        options: LoopOptions,
+        url: str,
+        rollout: _Rollout,
+        stop: threading.Event,
+        then: Callable[[Any, Any], None],
+    ) -> None:
+        self.settings, self.wave, self.url = settings, options.wave, url
+        self.rollout, self.stop, self.then = rollout, stop, then
+        self.submitted = 0
+
+    def serving(self, version: int) -> bool:
+        """Whether the server generates with `version` (or newer) already."""
+        import httpx
+
+        return int(httpx.get(f"{self.url}/health", timeout=10).json()["weight_version"]) >= version
+
+    def __call__(self, record: Any, policy: Any) -> None:
+        import mlflow
+
+        self.then(record, policy)
+        waited = time.perf_counter()
+        while not self.stop.is_set():
+            submitted = self.submitted
+            if submitted >= (record.number + 1) * self.wave and self._in_table(submitted):
+                break
+            time.sleep(0.05)
+        if record.run_id:  # the learner idles here: its share of wall time waiting for rows
+            mlflow.MlflowClient(self.settings.tracking_uri).log_metric(
+                record.run_id, "sync_wait_s", time.perf_counter() - waited, step=record.step
+            )
+
+    def _in_table(self, submitted: int) -> bool:
+        return (
+            self.rollout.settled() >= submitted
+            and _groups_in_table(self.settings) >= self.rollout.stats_done()
+        )
+
+
+def _groups_in_table(settings: Settings) -> int:
+    """Tasks with rows in the trajectories table."""
+    import polars as pl
+
+    return int(
+        pl.read_delta(
+            settings.lake_table_uri("trajectories"),
+            columns=["task_id"],
+            storage_options=settings.delta_storage_options(),
+        )
+        .filter(pl.col("task_id").is_not_null())["task_id"]
+        .n_unique()
+    )
 
 
 def _drain(
     settings: Settings, rollout: _Rollout, submitted: int, children: _Children, progress: Progress
 ) -> None:
     """Wait until every submitted task is settled and its group is in the table."""
-    import polars as pl
 
     deadline = time.monotonic() + 180
     progress(f"draining: {submitted} tasks submitted")
@@ -371,14 +443,9 @@ def _drain(
         if time.monotonic() > deadline:
             raise DemoError(f"only {rollout.settled()}/{submitted} tasks settled within 180 s of draining")
         time.sleep(0.25)
-    table = settings.lake_table_uri("trajectories")
     while True:
         children.check()
-        groups = (
-            pl.read_delta(table, columns=["task_id"], storage_options=settings.delta_storage_options())
-            .filter(pl.col("task_id").is_not_null())["task_id"]
-            .n_unique()
-        )
+        groups = _groups_in_table(settings)
         if groups >= rollout.stats_done():
             return
         if time.monotonic() > deadline:
@@ -431,7 +498,7 @@ class _Rollout:
 
     def __init__(self, settings: Settings, options: LoopOptions, url: str, tokenizer: Any) -> None:
         self.settings, self.options, self.url, self.tokenizer = settings, options, url, tokenizer
-        self.worker: Any = None
+        self.workers: list[Any] = []
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -445,11 +512,10 @@ class _Rollout:
         self.check()
 
     def settled(self) -> int:
-        stats = None if self.worker is None else self.worker.stats
-        return 0 if stats is None else stats.done + stats.dead
+        return sum(int(w.stats.done + w.stats.dead) for w in self.workers)
 
     def stats_done(self) -> int:
-        return 0 if self.worker is None else int(self.worker.stats.done)
+        return sum(int(w.stats.done) for w in self.workers)
 
     def check(self) -> None:
         if self.error is not None:
@@ -481,16 +547,21 @@ class _Rollout:
         topics = TaskTopics.named(
             settings.tasks_topic, dead_letters=settings.task_dlq_topic, outcomes=settings.task_outcomes_topic
         )
-        queue = TaskQueue(
-            bootstrap_servers=settings.bootstrap_servers,
-            topics=topics,
-            group=settings.task_group,
-            worker_id="loop-rollout",
-            slots=self.options.concurrency,
-            max_attempts=settings.task_max_attempts,
-            low_every=settings.task_low_every,
-            extra_config=settings.kafka_client,
-        )
+        # One single-slot queue per concurrent task: a multi-slot TaskQueue keeps polling one
+        # member while tasks wait on the partitions of its other members (docs/rollout.md, Tasks).
+        queues = [
+            TaskQueue(
+                bootstrap_servers=settings.bootstrap_servers,
+                topics=topics,
+                group=settings.task_group,
+                worker_id=f"loop-rollout-{i}",
+                slots=1,
+                max_attempts=settings.task_max_attempts,
+                low_every=settings.task_low_every,
+                extra_config=settings.kafka_client,
+            )
+            for i in range(self.options.concurrency)
+        ]
         backend = HttpBackend(self.url)
         publisher = AsyncPublisher(
             bootstrap_servers=settings.bootstrap_servers,
@@ -499,23 +570,25 @@ class _Rollout:
             extra_config=dict(settings.kafka_client),
         )
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self.worker = RolloutWorker(
-            queue,
-            backend,
-            publisher,
-            RolloutOptions(
-                worker_id="loop-rollout", concurrency=self.options.concurrency, max_lag=self.options.max_lag
-            ),
-            versions=_Newest(watcher),
-            tokenizer=self.tokenizer,
-        )
+        self.workers = [
+            RolloutWorker(
+                queue,
+                backend,
+                publisher,
+                RolloutOptions(worker_id=f"loop-rollout-{i}", concurrency=1, max_lag=self.options.max_lag),
+                versions=_Newest(watcher),
+                tokenizer=self.tokenizer,
+            )
+            for i, queue in enumerate(queues)
+        ]
         self._ready.set()
         try:
-            await self.worker.run(self._stop)
+            await asyncio.gather(*(worker.run(self._stop) for worker in self.workers))
         finally:
             await publisher.close()
             await backend.close()
-            queue.close()
+            for queue in queues:
+                queue.close()
 
 
 @dataclass
@@ -618,11 +691,10 @@ def _summary(
     for reward in rewards:
         client.log_metric(result.run_id, "reward_by_version", reward.mean, step=reward.version)
     staleness = client.get_metric_history(result.run_id, "staleness/max")
-    stats = rollout.worker.stats
     return LoopSummary(
         submitted=submitted,
-        done=int(stats.done),
-        dead=int(stats.dead),
+        done=rollout.stats_done(),
+        dead=rollout.settled() - rollout.stats_done(),
         groups_in_table=groups.height,
         complete_groups=int((groups["group_status"] == "complete").sum()),
         versions_published=int(result.policy_version),

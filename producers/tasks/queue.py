@@ -395,11 +395,9 @@ class TaskQueue:
                 self._requeue(lease, reason="held too long before a start")
 
     def _free(self, priority: int) -> _Member | None:
-        """The free consumer polled empty longest ago (never polled: first), so polls go round the
-        members: a share group gives each member its own partitions, and a record on one member's
-        partitions reaches no other."""
         free = [m for m in self._members[priority] if m.free]
-        return min(free, key=lambda m: m.empty_poll_at) if free else None
+        armed = [m for m in free if m.armed_since is not None]
+        return (armed or free)[0] if free else None
 
     def _poll(self, member: _Member, wait: float) -> list[Lease]:
         started = time.monotonic()
