@@ -220,8 +220,16 @@ class TaskQueue:
         with self._lock:
             if self._closed:
                 return
+            closed: set[int] = set()
             try:
                 self._drain()
+                # Consumers that hold nothing leave first: one still in the group could fetch a
+                # requeued copy in the background and release it on closing, using an attempt.
+                for members in self._members.values():
+                    for member in members:
+                        if member.free:
+                            member.consumer.close()
+                            closed.add(id(member))
                 for lease in [*self._open, *self._held]:
                     try:
                         self._requeue(lease, reason="the worker stopped")
@@ -231,7 +239,8 @@ class TaskQueue:
                 self._closed = True
                 for members in self._members.values():
                     for member in members:
-                        member.consumer.close()
+                        if id(member) not in closed:
+                            member.consumer.close()
                 self._sender.close(timeout)
 
     def __enter__(self) -> TaskQueue:
