@@ -292,10 +292,12 @@ class _Learner:
             while self.options.steps is None or self.step < self.options.steps:
                 if self.stop.is_set():
                     break
+                waited = time.perf_counter()
                 batch = self._next_batch()
                 if batch is None:
                     break
-                run.log_step(self.step, self._train(batch))
+                wait_s = time.perf_counter() - waited
+                run.log_step(self.step, {**self._train(batch), "sample_wait_s": wait_s})
                 self._log_rows(batch)
                 if self.keeper is not None and self.keeper.due(self.step):
                     record = self.keeper.publish(
