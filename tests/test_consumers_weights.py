@@ -32,6 +32,7 @@ from consumers.weights import (
     reannounce_latest,
 )
 from consumers.weights.store import PoliciesTable
+from infra.exceptions import ObjectStoreError
 from infra.object_store import start_object_store, stop_object_store
 from infra.settings import Settings
 from infra.topics import TopicSpec, load_topics
@@ -284,7 +285,10 @@ def test_announcements_reach_the_compacted_topic_and_restart_reannounces(
 
 def test_an_object_store_lake_publishes_and_loads(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path / "state")
-    store = start_object_store(settings, build=False)  # the install step builds MinIO, never a test
+    try:
+        store = start_object_store(settings, build=False)  # the install step builds MinIO, never a test
+    except ObjectStoreError as exc:
+        pytest.fail(str(exc), pytrace=False)
     try:
         lake, options = f"{store.lake_uri}/weights-test", store.storage_options
         v1 = publish_version(_state(1), lake_uri=lake, number=1, step=1, storage_options=options)

@@ -97,7 +97,10 @@ def test_concurrent_writers_keep_every_commit(store_settings):
 
 def test_down_stops_the_object_store(tmp_path: Path):
     settings = Settings(state_dir=tmp_path / "stack")
-    start_object_store(settings)
+    try:
+        start_object_store(settings, build=False)
+    except ObjectStoreError as exc:
+        pytest.fail(str(exc), pytrace=False)
     pid = object_store_status(settings).pid
     assert pid is not None and is_alive(pid)
     stopped = services.down(settings)
