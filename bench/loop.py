@@ -27,42 +27,16 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
+from local_broker import broker
 
 from infra.loop import LoopOptions, loop_settings, run_loop
 from infra.settings import Settings
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def broker() -> Iterator[Settings]:
-    """Settings on ROLLSTREAM_BOOTSTRAP_SERVERS' broker, or on our own on free loopback ports."""
-    if os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS"):
-        yield Settings.load()
-        return
-    from infra import services
-
-    with tempfile.TemporaryDirectory(prefix="bench-loop-") as state:
-        settings = Settings.load(state_dir=Path(state), kafka_port=_free_port(), controller_port=_free_port())
-        services.up(settings, progress=lambda m: print(f"[bench] {m}", file=sys.stderr))
-        try:
-            yield settings
-        finally:
-            services.down(settings, progress=lambda m: None)
 
 
 def cpu_seconds() -> float:
@@ -203,7 +177,7 @@ def main() -> None:
     sync_options = LoopOptions(max_lag=1, synchronous=True, **common)  # type: ignore[arg-type]
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
-    with broker() as settings:
+    with broker("bench-loop-") as settings:
         for i in range(args.rounds):
             order = [("async", ours_options), ("sync", sync_options)]
             if i % 2:

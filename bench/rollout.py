@@ -26,22 +26,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 import psutil
+from local_broker import broker
 
 from infra.loop import (
     LOOP_DOMAIN,
@@ -56,29 +52,6 @@ from infra.loop import (
 )
 from infra.settings import Settings
 from producers.backends import HttpBackend, SamplingParams
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def broker() -> Iterator[Settings]:
-    """Settings on ROLLSTREAM_BOOTSTRAP_SERVERS' broker, or on our own on free loopback ports."""
-    if os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS"):
-        yield Settings.load()
-        return
-    from infra import services
-
-    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as state:
-        settings = Settings.load(state_dir=Path(state), kafka_port=_free_port(), controller_port=_free_port())
-        services.up(settings, progress=lambda m: print(f"[bench] {m}", file=sys.stderr))
-        try:
-            yield settings
-        finally:
-            services.down(settings, progress=lambda m: None)
 
 
 def cpu_of(process: psutil.Process) -> float:
@@ -264,7 +237,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
-    with broker() as base:
+    with broker("bench-rollout-") as base:
         bench = Bench(loop_settings(base, f"bench-rollout-{uuid.uuid4().hex[:6]}"), args)
         try:
             bench.start()
