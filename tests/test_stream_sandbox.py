@@ -167,13 +167,32 @@ def test_killing_the_workers_pid_does_nothing(sandbox, host):
     assert v.status == "ok"  # and we are still alive to check it
 
 
-def test_100_mb_of_output_is_capped(sandbox, host):
-    code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 2**20)\n" + OK
+def test_200_mb_of_output_is_stopped_at_the_cap_and_read_no_further(sandbox, host):
+    code = (
+        "import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 2**20)\n    sys.stdout.flush()\n" + OK
+    )
     v = verdict(sandbox, code)
     execution = v.executions[0]
-    assert v.status == "ok"
-    assert execution.stdout_bytes >= 100 * 2**20
-    assert len(execution.stdout) <= execution.limits.output_bytes + 64  # head, tail, "[... omitted ...]"
+    cap = execution.limits.output_bytes
+    assert execution.outcome == "output_limit", execution
+    assert v.status == "error" and v.reward == 0.0 and f"output limit of {cap} bytes" in v.detail
+    assert cap < execution.stdout_bytes <= cap + 64 * 1024  # the cap plus one pipe buffer's read
+    assert len(execution.stdout) <= cap + 64  # head, tail, "[... omitted ...]"
+
+
+def test_output_past_the_cap_on_stderr_is_stopped_too(sandbox, host):
+    code = "import sys\nwhile True:\n    sys.stderr.write('y' * 4096)\n" + OK
+    v = verdict(sandbox, code, Limits(cpu_s=3, wall_s=5.0, output_bytes=10_000))
+    execution = v.executions[0]
+    assert execution.outcome == "output_limit" and v.status == "error", execution
+    assert 10_000 < execution.stderr_bytes <= 10_000 + 64 * 1024
+
+
+def test_output_under_the_cap_is_kept_whole(sandbox, host):
+    code = "print('z' * 30_000)\n" + OK
+    v = verdict(sandbox, code)
+    assert v.status == "ok", v.detail
+    assert v.executions[0].stdout.count("z") == 30_000
 
 
 def test_the_sandbox_start_failure_is_a_host_error_never_a_verdict(tmp_path, host):

@@ -1,4 +1,4 @@
-"""Environments are content-addressed and read-only; a sandbox that cannot start says why."""
+"""Environments are content-addressed and read-only; a sandbox that cannot start says why; the harness."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from stream_processors.sandbox import EnvironmentStore, Limits, Sandbox, SandboxUnavailableError, privileges
 from stream_processors.sandbox import bwrap as bwrap_module
 from stream_processors.verifiers import CodeTestsVerifier
+from stream_processors.verifiers.harness import HARNESS_SOURCE, prepare_tests
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,3 +115,32 @@ def test_limits_are_validated_and_overridden_by_name():
         Limits().replace(bogus=1)
     with pytest.raises(ValueError, match="must be positive"):
         Limits(cpu_s=0)
+
+
+def test_tests_are_prepared_on_the_host_so_the_harness_imports_nothing():
+    tests = "def test_a():\n    assert f(1) == 2\n\ndef helper():\n    pass\n\ntest_a()\nhelper()\n"
+    source, names = prepare_tests(tests)
+    assert names == ["test_a"]
+    assert (
+        "test_a()" not in source.splitlines() and "helper()" in source.splitlines()
+    )  # only its own calls go
+    assert prepare_tests("assert True\n") == ("assert True\n", [])
+    assert prepare_tests("def test_a(:\n") == ("def test_a(:\n", [])  # judged in the sandbox
+    imports = [line for line in HARNESS_SOURCE.splitlines() if "import" in line]
+    assert imports == ["import sys"]  # a module built into the interpreter
+
+
+def test_a_harness_run_counts_each_test_and_decodes_the_first_error(tmp_path):
+    sandbox = Sandbox(tmp_path / "work")
+    verifier = CodeTestsVerifier(sandbox, limits=Limits())
+    tests = (
+        "def test_a():\n    assert f(1) == 2\n\ndef test_b():\n    assert f(1) == 3, 'é \"no\"'\n\ntest_b()\n"
+    )
+    v = verifier.verify(
+        {"trajectory_id": "t", "response_text": "def f(x):\n    return x + 1\n", "unit_tests": tests}
+    )
+    assert v.status == "fail" and v.reward == 0.5, v.detail
+    assert v.reward_components == {"passed": 1.0, "failed": 1.0, "errored": 0.0}
+    assert v.detail is not None and v.detail.endswith('AssertionError: é "no"')
+    broken = verifier.verify({"trajectory_id": "t", "response_text": "", "unit_tests": "def test_a(:\n"})
+    assert broken.status == "fail" and "SyntaxError" in (broken.detail or "")

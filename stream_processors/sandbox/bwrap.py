@@ -1,6 +1,7 @@
 """The bubblewrap command line of one execution: every namespace new, the host read-only and small.
 
-The sandbox sees /usr, /lib*, /bin and the interpreter's prefix read-only, a fresh /proc and
+The sandbox sees /usr, /lib*, /bin and the interpreter's prefix read-only (a host directory
+that is a symbolic link, as /bin -> usr/bin with a merged /usr, is the same link inside), a fresh /proc and
 /dev, a task directory read-only at /task, an environment read-only at /env, and two private
 size-capped tmpfs (/work, its working directory, and /tmp) as the only writable places. The
 root is remounted read-only, there is no home, no network (a new, empty network namespace) and
@@ -17,6 +18,7 @@ kernel.core_pattern.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -95,7 +97,10 @@ def bwrap_argv(
         "sandbox",
     ]
     for path in SYSTEM_DIRS:
-        argv += ["--ro-bind-try", path, path]
+        if os.path.islink(path):  # merged /usr: the same link inside, no mount to make
+            argv += ["--symlink", os.readlink(path), path]
+        else:
+            argv += ["--ro-bind-try", path, path]
     if not python_prefix.startswith(SYSTEM_DIRS):
         argv += ["--ro-bind", python_source or python_prefix, python_prefix]
     argv += ["--proc", "/proc"]

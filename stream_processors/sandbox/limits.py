@@ -22,7 +22,8 @@ class Limits:
         open_files: file descriptors per process (RLIMIT_NOFILE).
         file_bytes: largest file a process may write (RLIMIT_FSIZE).
         tmpfs_bytes: size of each private writable tmpfs (/work and /tmp).
-        output_bytes: stdout and stderr kept, each; the rest is read and counted, not kept.
+        output_bytes: most bytes stdout and stderr may each carry: past it the tree is killed
+            ("output_limit") and no more is read.
     """
 
     cpu_s: int = 10

@@ -3,7 +3,8 @@
 One `Sandbox.run` is one execution: the task's files are written to a fresh host directory
 (bound read-only at /task), bwrap starts in a new session with the rlimits set, inside its own
 pids cgroup and, when the worker is root, as an unprivileged host id (privileges.py); stdout and
-stderr are read with a cap, and the whole tree is killed at the wall deadline. The result says
+stderr are read up to the output cap (past it the whole tree is killed and nothing more is read),
+and the whole tree is killed at the wall deadline. The result says
 how it ended; an ending caused by the host (bwrap did not start, the OOM killer) raises
 `SandboxHostError` instead, since it says nothing about the code.
 """
@@ -49,7 +50,16 @@ from stream_processors.sandbox.privileges import (
     host_id,
 )
 
-Outcome = Literal["exited", "timeout", "cpu_limit", "memory_limit", "process_limit", "file_limit", "signaled"]
+Outcome = Literal[
+    "exited",
+    "timeout",
+    "cpu_limit",
+    "memory_limit",
+    "process_limit",
+    "file_limit",
+    "output_limit",
+    "signaled",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +68,16 @@ class Execution:
 
     Attributes:
         outcome: "exited" (the code ended on its own), "timeout" (wall clock), "cpu_limit",
-            "memory_limit", "process_limit", "file_limit", or "signaled" (killed by a signal it
-            or its code raised).
+            "memory_limit", "process_limit", "file_limit", "output_limit" (stdout or stderr went
+            past `Limits.output_bytes`: the tree was stopped there), or "signaled" (killed by a
+            signal it or its code raised).
         exit_code: the exit status, or None when a signal ended it.
         signal: the signal number that ended it, or None.
-        stdout: up to `Limits.output_bytes` of standard output, decoded leniently.
+        stdout: up to `Limits.output_bytes` of standard output (its first and last halves when
+            there was more), decoded leniently.
         stderr: the same for standard error.
-        stdout_bytes: how much standard output there was in all (kept or not).
+        stdout_bytes: how much standard output was read in all (kept or not): at most the cap
+            plus one read of 64 KiB.
         stderr_bytes: the same for standard error.
         cpu_s: user + system CPU seconds of the tree (the processes bwrap reaped).
         wall_s: wall-clock seconds from start to exit.
@@ -102,10 +115,17 @@ def _oom_kills() -> int:
 
 
 _SAMPLE_MS = 20
+_CHUNK = 1 << 16
+"""Bytes read from a stream at once: a stream is read at most this far past the output cap."""
+
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class _Usage:
-    """CPU and peak memory of a process tree, sampled (wait4 cannot see through bwrap's pid 1)."""
+    """CPU and peak memory of a process tree, sampled from /proc/<pid>/stat (wait4 cannot see
+    through bwrap's pid 1)."""
 
     def __init__(self) -> None:
         self.cpu: dict[int, float] = {}
@@ -119,13 +139,15 @@ class _Usage:
         total_rss = 0
         for pid in pids:
             try:
-                proc = psutil.Process(pid)
-                with proc.oneshot():
-                    times = proc.cpu_times()
-                    total_rss += proc.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:
                 continue
-            self.cpu[pid] = times.user + times.system
+            if len(fields) < 22:
+                continue
+            # after the command's ")": state is field 0, utime 11, stime 12, rss (pages) 21
+            self.cpu[pid] = (int(fields[11]) + int(fields[12])) * _TICK_S
+            total_rss += int(fields[21]) * _PAGE
         self.peak_rss = max(self.peak_rss, total_rss)
 
 
@@ -365,27 +387,37 @@ class Sandbox:
             poller.register(fd, select.POLLIN)
         deadline = start + limits.wall_s
         usage = _Usage()
+        next_sample = start + _SAMPLE_MS / 1000
         timed_out = False
+        over_output = False
         exited = False
+
+        def kill_tree() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in cgroup.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
         try:
             while not exited or streams:
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0 and not timed_out:
                     timed_out = True
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    for pid in cgroup.pids():
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                wait_ms = 50 if timed_out else max(1, min(_SAMPLE_MS, int(remaining * 1000) + 1))
-                if not exited and not timed_out:
+                    kill_tree()
+                if not exited and not timed_out and now >= next_sample:
                     usage.sample(cgroup.pids())
+                    next_sample = now + _SAMPLE_MS / 1000
+                wait_ms = 50 if timed_out else max(1, min(_SAMPLE_MS, int(remaining * 1000) + 1))
                 for fd, _ in poller.poll(wait_ms):
                     if fd == pidfd:
                         exited = True
                         poller.unregister(pidfd)
                         continue
-                    chunk = os.read(fd, 1 << 16)
+                    if fd != status_fd and fd not in streams:
+                        continue  # a stream dropped earlier in this batch of events
+                    chunk = os.read(fd, _CHUNK)
                     if fd == status_fd:
                         if chunk:
                             status += chunk
@@ -393,10 +425,17 @@ class Sandbox:
                             poller.unregister(fd)
                     elif chunk:
                         streams[fd].feed(chunk)
+                        if streams[fd].total > limits.output_bytes and not over_output:
+                            # past the cap: stop the tree and read no more of either stream
+                            over_output = True
+                            kill_tree()
+                            for open_fd in streams:
+                                poller.unregister(open_fd)
+                            streams.clear()
                     else:
                         poller.unregister(fd)
                         del streams[fd]
-                if exited and timed_out:
+                if exited and (timed_out or over_output):
                     break
         finally:
             os.close(pidfd)
@@ -407,7 +446,7 @@ class Sandbox:
             while chunk := os.read(status_fd, 1 << 16):
                 status += chunk
         reports = _status_objects(bytes(status))
-        if not any("child-pid" in r for r in reports) and not timed_out:
+        if not any("child-pid" in r for r in reports) and not timed_out and not over_output:
             raise SandboxHostError(
                 f"bwrap did not start the sandbox (exit {proc.returncode}): {err.text()[-500:].strip()!r}"
             )
@@ -418,7 +457,7 @@ class Sandbox:
             sig, code = exit_status - 128, None
         cpu = max(usage.cpu_s, rusage.ru_utime + rusage.ru_stime)
         outcome: Outcome = "exited" if sig is None else "signaled"
-        if timed_out:
+        if timed_out or over_output:
             sig, code = None, None
         elif sig == signal.SIGKILL and cpu < limits.cpu_s and _oom_kills() > oom_before:
             raise SandboxHostError(
@@ -426,6 +465,8 @@ class Sandbox:
             )
         if cgroup.limit_hits() > 0:  # a fork bomb, named even when it then ran out the clock
             outcome = "process_limit"
+        elif over_output:
+            outcome = "output_limit"
         elif timed_out:
             outcome = "timeout"
         elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s):

@@ -10,7 +10,7 @@ from typing import Any
 from stream_processors.exceptions import VerifierInputError
 from stream_processors.sandbox import Environment, Execution, Limits, Sandbox
 from stream_processors.verifiers.base import Verdict, VerdictStatus, Verifier
-from stream_processors.verifiers.harness import HARNESS_SOURCE
+from stream_processors.verifiers.harness import HARNESS_SOURCE, prepare_tests
 
 
 def describe_limit(execution: Execution) -> str | None:
@@ -22,6 +22,7 @@ def describe_limit(execution: Execution) -> str | None:
         "memory_limit": f"memory limit of {limits.memory_bytes >> 20} MiB reached (MemoryError)",
         "process_limit": f"process limit of {limits.processes} reached (fork refused: a fork bomb?)",
         "file_limit": f"file size limit of {limits.file_bytes >> 20} MiB reached (SIGXFSZ)",
+        "output_limit": f"output limit of {limits.output_bytes} bytes a stream reached (stopped there)",
     }
     return reasons.get(execution.outcome)
 
@@ -33,24 +34,35 @@ def run_harness(
     limits: Limits,
     harness: str = HARNESS_SOURCE,
 ) -> tuple[dict[str, Any] | None, Execution]:
-    """Run a harness over `files` in the sandbox; (its nonce-signed JSON report or None, the execution)."""
+    """Run a harness over `files` in the sandbox; (its nonce-signed report or None, the execution).
+
+    `files` holds ``tests.py``; it is prepared here (`prepare_tests`) so the harness needs no import.
+    """
+    tests, names = prepare_tests(files.get("tests.py", ""))
     nonce = secrets.token_hex(16)
     execution = sandbox.run(
         ["python3", "-S", "-B", "/task/harness.py"],
-        files={**files, "harness.py": harness},
+        files={**files, "tests.py": tests, "tests.names": "\n".join(names), "harness.py": harness},
         environment=environment,
         limits=limits,
         stdin=(nonce + "\n").encode(),
     )
-    report = None
-    for line in reversed(execution.stdout.splitlines()):
+    return parse_report(execution.stdout, nonce), execution
+
+
+def parse_report(stdout: str, nonce: str) -> dict[str, Any] | None:
+    """The harness's last line signed with `nonce`, with ``first_error`` decoded; None without one."""
+    for line in reversed(stdout.splitlines()):
         if line.startswith(nonce + " "):
             try:
                 report = json.loads(line[len(nonce) + 1 :])
-            except ValueError:
-                report = None
-            break
-    return report, execution
+                report["first_error"] = bytes.fromhex(report.pop("first_error_hex", "")).decode(
+                    "utf-8", errors="replace"
+                )
+            except (ValueError, TypeError, AttributeError):
+                return None
+            return report if isinstance(report, dict) else None
+    return None
 
 
 class SandboxedVerifier(Verifier):
@@ -67,7 +79,7 @@ class CodeTestsVerifier(SandboxedVerifier):
 
     Components: passed, failed, errored (counts of test functions). Status "ok" when every test
     passed, "fail" otherwise, "timeout" when a time limit stopped it, "error" when another limit
-    did (memory, processes, file size: named in the detail) or the harness reported nothing.
+    did (memory, processes, file size, output: named in the detail) or the harness reported nothing.
     A failure of the host raises SandboxHostError from the sandbox, never a verdict.
 
     Args:
