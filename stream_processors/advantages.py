@@ -1,6 +1,6 @@
 """Group-relative advantages of one decided prompt group (GRPO and Dr. GRPO), pure functions.
 
-Only members with a signal take part: "skipped", "error" and "timeout" verdicts (whose reward is
+Only members with a signal take part: "skipped", "error", "timeout" and "output_limit" verdicts (whose reward is
 forced to 0 though nothing was judged) get advantage 0.0 and do not count towards the group's
 statistics. A group with fewer than two signal members gets 0.0 everywhere.
 
@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 EPSILON = 1e-6
-NO_SIGNAL_STATUSES: frozenset[str] = frozenset({"skipped", "error", "timeout"})
+NO_SIGNAL_STATUSES: frozenset[str] = frozenset({"skipped", "error", "timeout", "output_limit"})
 ZERO_VARIANCE = 1e-12
 OVERLONG_COMPONENT = "overlong_penalty"
 

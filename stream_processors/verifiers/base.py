@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from stream_processors.sandbox import Execution
 
-VerdictStatus = Literal["ok", "fail", "error", "timeout", "skipped"]
-STATUSES: frozenset[str] = frozenset({"ok", "fail", "error", "timeout", "skipped"})
+VerdictStatus = Literal["ok", "fail", "error", "timeout", "output_limit", "skipped"]
+STATUSES: frozenset[str] = frozenset({"ok", "fail", "error", "timeout", "output_limit", "skipped"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,8 @@ class Verdict:
     Attributes:
         reward: the scalar reward, finite.
         status: "ok" (verified, passed), "fail" (verified, failed), "error" (could not judge),
-            "timeout", or "skipped" (no verifier runs for this task type yet).
+            "timeout", "output_limit" (the program's output reached the sandbox's cap and it was
+            stopped there), or "skipped" (no verifier runs for this task type yet).
         verifier: name of the verifier that judged.
         detail: a short human-readable explanation, or None.
         verifier_version: the version of the verifier's judging rules.

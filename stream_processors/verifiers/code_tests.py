@@ -111,7 +111,13 @@ class CodeTestsVerifier(SandboxedVerifier):
             limit = f"memory limit of {self.limits.memory_bytes >> 20} MiB reached (MemoryError)"
         counts = {k: float(report.get(k, 0)) for k in ("passed", "failed", "errored")} if report else {}
         if limit is not None:
-            status: VerdictStatus = "timeout" if execution.outcome in ("timeout", "cpu_limit") else "error"
+            status: VerdictStatus = (
+                "timeout"
+                if execution.outcome in ("timeout", "cpu_limit")
+                else "output_limit"
+                if execution.outcome == "output_limit"
+                else "error"
+            )
             return self.verdict(0.0, status, limit, counts, executions)
         if report is None:
             where = (
