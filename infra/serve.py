@@ -219,14 +219,27 @@ class PolicyServer:
         """Text to token ids with the loaded tokenizer: {"tokens": [...], "count": n}."""
         if self.tokenizer is None:
             return _error(404, "no tokenizer loaded: start rollstream serve with --tokenizer FILE")
-        tokens = self.tokenizer.encode(request.prompt)
+        try:
+            tokens = self.tokenizer.encode(request.prompt)
+        except ValueError as exc:  # a character outside the vocabulary
+            return _error(400, f"the prompt cannot be tokenized: {exc}")
+        vocab = self.backend.vocab_size
+        if outside := [t for t in tokens if not 0 <= t < vocab]:
+            return _error(
+                400,
+                f"the tokenizer gives ids {outside[:5]} outside the model's vocabulary [0, {vocab}): "
+                "it is not the model's tokenizer",
+            )
         return {"tokens": tokens, "count": len(tokens), "max_model_len": self.backend.max_length}
 
     async def detokenize(self, request: DetokenizeRequest) -> Any:
         """Token ids to text with the loaded tokenizer: {"prompt": text}."""
         if self.tokenizer is None:
             return _error(404, "no tokenizer loaded: start rollstream serve with --tokenizer FILE")
-        return {"prompt": self.tokenizer.decode(request.tokens)}
+        try:
+            return {"prompt": self.tokenizer.decode(request.tokens)}
+        except ValueError as exc:  # an id outside the vocabulary
+            return _error(400, f"the tokens cannot be detokenized: {exc}")
 
     async def update_weights(self, request: WeightsUpdate) -> Any:
         """Load a published version off the request path and swap it in; 400 when it is refused."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -41,6 +42,7 @@ from producers.backends.base import (
     Tokenizer,
     VersionSpan,
 )
+from producers.backends.exceptions import TokenizerMismatchError
 from producers.tasks.lease import Lease
 from producers.tasks.queue import TaskQueue
 from schemas import pack_float32, pack_int32, pack_mask
@@ -284,6 +286,9 @@ class RolloutWorker:
                 lease, "fail", f"generation outlasted the task's deadline of {task.deadline_ms} ms"
             )
             return
+        except TokenizerMismatchError as exc:  # no attempt can mend it
+            await self._settle(lease, "dead", _describe(exc))
+            return
         except Exception as exc:  # this attempt failed: release it for a retry
             await self._settle(lease, "fail", _describe(exc))
             return
@@ -386,13 +391,14 @@ class RolloutWorker:
                 await self._settling(lease.requeue)
                 self.stats.requeued += 1
             else:
-                state = await self._settling(lease.fail, error)
+                fail = functools.partial(lease.fail, final=how == "dead")
+                state = await self._settling(fail, error)
                 self.stats.dead += state == "dead"
                 self.stats.failed += state != "dead"
         except Exception as exc:  # an expired lock: the broker delivers the task again
             log.warning("settling task %s (%s) failed: %s", lease.task_id, how, exc)
             self.stats.failed += 1
-        if how == "fail":
+        if how in ("fail", "dead"):
             log.warning("task %s attempt %d failed: %s", lease.task_id, lease.attempt, error)
         if self.progress is not None:
             s = self.stats
@@ -407,11 +413,18 @@ class RolloutWorker:
         if self.tokenizer is not None:
             name = getattr(self.tokenizer, "name", None)
             if task.tokenizer and isinstance(name, str) and task.tokenizer != name:
-                raise BadGenerationError(
+                raise TokenizerMismatchError(
                     f"task {task.task_id} is written for tokenizer {task.tokenizer!r}, but this worker's is "
                     f"{name!r}: give the model's tokenizer, or submit the task with its token ids"
                 )
-            return list(self.tokenizer.encode(task.prompt_text))
+            ids = list(self.tokenizer.encode(task.prompt_text))
+            if (back := self.tokenizer.decode(ids)) != task.prompt_text:
+                raise TokenizerMismatchError(
+                    f"task {task.task_id}: the worker's tokenizer turns the prompt into ids that decode to "
+                    f"{back!r:.80}, not the prompt {task.prompt_text!r:.80}; give the model's tokenizer, "
+                    "or submit the task with its token ids"
+                )
+            return ids
         tokenize = getattr(self.backend, "tokenize", None)
         if tokenize is None:
             raise BadGenerationError(

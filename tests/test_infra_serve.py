@@ -20,7 +20,15 @@ import torch
 from backend_support import CausalMeanPolicy, CharTokenizer
 from safetensors.torch import save_file
 
-from producers.backends import HttpBackend, HttpOptions, ModelInfo, SamplingParams, VersionSpan, file_sha256
+from producers.backends import (
+    HttpBackend,
+    HttpOptions,
+    ModelInfo,
+    SamplingParams,
+    TokenizerMismatchError,
+    VersionSpan,
+    file_sha256,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = CharTokenizer.vocab_size
@@ -118,6 +126,25 @@ def test_tokenize_round_trip(served: Served) -> None:
         assert refused.status_code == 400 and "token ids" in refused.json()["error"]["message"]
         too_long = client.post("/v1/completions", json={"prompt": [1] * 510, "max_tokens": 5})
         assert too_long.status_code == 400 and "max length 512" in too_long.json()["error"]["message"]
+
+
+def test_the_backend_tokenizes_text_only_when_the_round_trip_verifies(served: Served) -> None:
+    async def run() -> tuple[list[int], str, str]:
+        backend = HttpBackend(served.url, HttpOptions(attempts=2, backoff_s=0.05))
+        try:
+            ids = await backend.tokenize("hello")
+            with pytest.raises(TokenizerMismatchError) as disagreeing:
+                await backend.tokenize("hel`lo")  # "`" encodes to id 0, which decodes to nothing
+            with pytest.raises(TokenizerMismatchError) as refused:
+                await backend.tokenize("hello world")  # " " encodes to a negative id
+            return ids, str(disagreeing.value), str(refused.value)
+        finally:
+            await backend.close()
+
+    ids, disagreeing, refused = asyncio.run(run())
+    assert ids == CharTokenizer().encode("hello")
+    assert "detokenize to 'hello'" in disagreeing and "token ids" in disagreeing
+    assert "refuses the prompt" in refused
 
 
 def test_weights_update_refuses_a_wrong_sha256_and_stamps_the_new_version(

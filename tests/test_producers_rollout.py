@@ -333,3 +333,64 @@ def test_max_lag_gates_starts_and_a_stop_requeues_the_generation_in_flight(env: 
     # The zero-length span of a non-exact sample is left out; its tokens belong to the older version.
     assert {(s["policy_version"], s["version_spans"] is None) for s in samples} == {(4, True)}
     assert Counter(s["response_text"] for s in samples) == {"def": 2}
+
+
+def test_text_prompts_go_through_the_servers_tokenizer_and_a_disagreeing_one_is_a_dead_letter(
+    env: RolloutEnv, served: Served
+) -> None:
+    text = {"prompt_tokens": None, "tokenizer": "char"}
+    env.submit(
+        [
+            task_row("text-ok", [], prompt_text="cab", **text),
+            task_row("text-bad", [], prompt_text="ca`b", priority="high", **text),  # "`" is id 0: eos
+        ]
+    )
+    stats = run_worker(
+        env, served.url, until=lambda s: s.done + s.dead >= 2, within_s=45, queue_options={"max_attempts": 3}
+    )
+    assert (stats.started, stats.done, stats.dead, stats.failed) == (2, 1, 1, 0)  # dead on attempt 1
+    (letter,) = env.dead_letters(1)
+    assert (letter.reason, letter.attempts, letter.task_id) == ("failed", 1, "text-bad")
+    assert "detokenize to 'cab'" in letter.error
+    samples = env.samples(2)
+    assert {s["task_id"] for s in samples} == {"text-ok"}
+    assert all(tokens(s, "prompt_tokens") == CharTokenizer().encode("cab") for s in samples)
+
+
+class Updating:
+    """A backend whose weights move from `version` to `version + 1` during its first request."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.calls = 0
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[GeneratedSample]:
+        self.calls += 1
+        if self.calls == 1:
+            spans = [VersionSpan(0, 2, self.version), VersionSpan(2, 3, self.version + 1)]
+            self.version += 1
+        else:
+            spans = [VersionSpan(0, 3, self.version)]
+        sample = GeneratedSample([4, 5, 6], [-0.5] * 3, "length", spans, "processed", params, "def", True)
+        return [sample] * params.n
+
+    async def current_version(self) -> int:
+        return self.version
+
+    async def model_info(self) -> ModelInfo:
+        return ModelInfo(vocab_size=27, weight_version=self.version)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_abort_on_a_weight_change_requeues_the_task_without_using_an_attempt(env: RolloutEnv) -> None:
+    env.submit([task_row("moved", [1])])
+    backend = Updating(version=3)
+    stats = run_worker(env, backend, until=lambda s: s.done >= 1, within_s=30, on_weight_change="abort")
+    assert (stats.started, stats.requeued, stats.done, stats.failed) == (2, 1, 1, 0)
+    events = [(e["event"], e["attempt"]) for e in env.outcomes("moved")]
+    assert events == [("started", 1), ("requeued", 1), ("started", 1), ("done", 1)], events
+    samples = env.samples(2)
+    assert {(s["task_id"], s["attempt"], s["policy_version"]) for s in samples} == {("moved", 1, 4)}
+    assert all(s["version_spans"] is None for s in samples)  # only the retry's one-version samples
