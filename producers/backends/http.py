@@ -37,6 +37,7 @@ from producers.backends.responses import (
     Choice,
     check_choice,
     completion_choices,
+    generate_choices,
     model_card,
     sglang_choices,
     version_field,
@@ -44,8 +45,12 @@ from producers.backends.responses import (
 
 log = logging.getLogger(__name__)
 
-Dialect = Literal["openai", "sglang"]
-_INFO_PATH: dict[Dialect, str] = {"openai": "/v1/models", "sglang": "/get_model_info"}
+Dialect = Literal["openai", "generate", "sglang"]
+_INFO_PATH: dict[Dialect, str] = {
+    "openai": "/v1/models",
+    "generate": "/v1/models",
+    "sglang": "/get_model_info",
+}
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,9 @@ class HttpOptions:
     """How an `HttpBackend` talks to its server.
 
     Attributes:
-        dialect: "openai" posts `/v1/completions` (vLLM, `rollstream serve`); "sglang" posts `/generate`.
+        dialect: "openai" posts `/v1/completions` (vLLM, `rollstream serve`); "generate" posts
+            vLLM's tokens-in/tokens-out `/inference/v1/generate` (vLLM, `rollstream serve`), whose
+            choices may state `weight_versions` per token range; "sglang" posts `/generate`.
         model: the served model's name; None takes the first of `/v1/models` (openai dialect).
         logprob_mode: what the server's logprobs are of. "auto" believes the server's model card
             (`logprob_mode`, which `rollstream serve` reports) and otherwise assumes "raw", as vLLM
@@ -87,7 +94,9 @@ class HttpOptions:
 
     def __post_init__(self) -> None:
         if self.dialect not in _INFO_PATH:
-            raise ValueError(f"dialect must be 'openai' or 'sglang', got dialect={self.dialect!r}")
+            raise ValueError(
+                f"dialect must be 'openai', 'generate' or 'sglang', got dialect={self.dialect!r}"
+            )
         if self.max_in_flight < 1 or self.attempts < 1:
             raise ValueError(
                 f"max_in_flight and attempts must be >= 1, got {self.max_in_flight} and {self.attempts}"
@@ -246,6 +255,24 @@ class HttpBackend:
             return sglang_choices(
                 await self._call("POST", "/generate", body), where=f"{self.base_url}/generate"
             )
+        if self.options.dialect == "generate":
+            sampling = {
+                "n": n,
+                "max_tokens": params.max_tokens,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "logprobs": 0,
+                "stop_token_ids": list(params.stop_token_ids),
+            }
+            if params.top_k is not None:
+                sampling["top_k"] = params.top_k
+            if seed is not None:
+                sampling["seed"] = seed
+            body = {"token_ids": prompt, "sampling_params": sampling}
+            if model := await self._model_name():
+                body["model"] = model
+            path = "/inference/v1/generate"
+            return generate_choices(await self._call("POST", path, body), where=f"{self.base_url}{path}")
         request: dict[str, Any] = {
             "prompt": prompt,
             "n": n,
