@@ -63,9 +63,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert code == 0, f"rollstream serve exited {code} on SIGTERM"
 
 
-@pytest.fixture
-def env(admin: AdminClient, bootstrap_servers: str) -> Iterator[RolloutEnv]:
-    rollout = RolloutEnv(admin, bootstrap_servers)
+@pytest.fixture(params=[1])
+def env(request: pytest.FixtureRequest, admin: AdminClient, bootstrap_servers: str) -> Iterator[RolloutEnv]:
+    """Task topics of `request.param` partitions each (1 unless a test parametrizes it indirectly)."""
+    rollout = RolloutEnv(admin, bootstrap_servers, task_partitions=request.param)
     yield rollout
     rollout.close()
 
@@ -81,6 +82,7 @@ def groups_by_task(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, lis
     return out
 
 
+@pytest.mark.parametrize("env", [4], indirect=True)  # one queue of 8 slots over 8 task partitions
 def test_200_tasks_of_two_priorities_become_one_group_each_exactly_as_the_server_answered(
     env: RolloutEnv, served: Served
 ) -> None:
