@@ -143,7 +143,14 @@ class RolloutOptions:
 
 @dataclass
 class RolloutStats:
-    """What a worker did so far."""
+    """What a worker did so far; the ``_s`` fields are seconds summed over tasks (slots overlap).
+
+    Attributes:
+        generate_s: in the backend's `generate` (and the environment's turns).
+        publish_s: from the first sample queued to the last acknowledged by Kafka.
+        settle_s: settling leases on the queue (acknowledgement, commit, outcome event).
+        take_s: in `TaskQueue.take`, waiting for tasks included.
+    """
 
     started: int = 0
     done: int = 0
@@ -153,6 +160,9 @@ class RolloutStats:
     samples: int = 0
     lag_waits: int = 0
     generate_s: float = 0.0
+    publish_s: float = 0.0
+    settle_s: float = 0.0
+    take_s: float = 0.0
 
 
 class BadGenerationError(Exception):
@@ -226,7 +236,9 @@ class RolloutWorker:
                     self.stats.lag_waits += 1
                     await _sleep_or_stop(stop, self.options.lag_wait_s)
                     continue
+                taking = time.monotonic()
                 leases = await self._call(self.queue.take, room, self.options.take_timeout_s)
+                self.stats.take_s += time.monotonic() - taking
                 for lease in leases:
                     self.stats.started += 1
                     job = asyncio.create_task(self._work(lease))
@@ -383,6 +395,7 @@ class RolloutWorker:
         return _Episode(sample, mask)
 
     async def _settle(self, lease: Lease, how: str, error: str = "") -> None:
+        started = time.monotonic()
         try:
             if how == "done":
                 await self._settling(lease.done)
@@ -398,6 +411,7 @@ class RolloutWorker:
         except Exception as exc:  # an expired lock: the broker delivers the task again
             log.warning("settling task %s (%s) failed: %s", lease.task_id, how, exc)
             self.stats.failed += 1
+        self.stats.settle_s += time.monotonic() - started
         if how in ("fail", "dead"):
             log.warning("task %s attempt %d failed: %s", lease.task_id, lease.attempt, error)
         if self.progress is not None:
@@ -499,11 +513,13 @@ class RolloutWorker:
 
     async def _publish(self, lease: Lease, records: list[dict[str, Any]]) -> None:
         """Queue every sample, then wait for Kafka's acknowledgements; a failed one raises."""
+        started = time.monotonic()
         futures = []
         for index, record in enumerate(records):
             self._step("publishing", lease, index)
             futures.append(await self.publisher.publish(record))
         await asyncio.gather(*futures)
+        self.stats.publish_s += time.monotonic() - started
         self.stats.samples += len(records)
         self._step("published", lease, len(records))
 
