@@ -2,8 +2,9 @@
 
 One `rollstream serve` (the loop's small transformer and 7-token tokenizer, random weights)
 serves both sides. Ours: tasks submitted to the tasks topic (share group), rollout workers in
-this process (the loop's `_Rollout`: `--concurrency` workers on single-slot task queues, no
-staleness limit as no learner publishes) generating through `HttpBackend`, samples to
+this process (`--queues one`, the default: one worker on one task queue of `--concurrency`
+slots, as `rollstream rollout` runs; `--queues per-slot`: the loop's `_Rollout`, `--concurrency`
+workers on single-slot queues; no staleness limit as no learner publishes) generating through `HttpBackend`, samples to
 rollouts.raw, `rollstream process` (math verifier, advantages) into Delta. Baseline: the server's own rate, the floor of
 generating the groups at all: `HttpBackend.generate` (one keep-alive client) on the same prompts,
 group size, max_tokens and temperature, as many in flight as ours, nothing else on the path.
@@ -60,13 +61,55 @@ def cpu_of(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-PHASES = ("generate_s", "publish_s", "settle_s", "take_s")
+PHASES = ("generate_s", "publish_s", "settle_s", "take_s", "idle_s")
 """RolloutStats' per-phase seconds, summed over the workers."""
 
 
 def phases(rollout: _Rollout) -> dict[str, float]:
     """Seconds the rollout workers spent in each phase so far."""
     return {name: float(sum(getattr(w.stats, name, 0.0) for w in rollout.workers)) for name in PHASES}
+
+
+class OneQueueRollout(_Rollout):
+    """The loop's rollout thread, but one worker on one queue of `concurrency` slots, as
+    `rollstream rollout --concurrency N` runs (the loop runs N workers on single-slot queues)."""
+
+    async def _main(self) -> None:
+        from producers.aio import AsyncPublisher
+        from producers.rollout import RolloutOptions, RolloutWorker
+        from producers.tasks import TaskQueue, TaskTopics
+
+        s = self.settings
+        topics = TaskTopics.named(
+            s.tasks_topic, dead_letters=s.task_dlq_topic, outcomes=s.task_outcomes_topic
+        )
+        queue = TaskQueue(
+            bootstrap_servers=s.bootstrap_servers,
+            topics=topics,
+            group=s.task_group,
+            worker_id="bench-rollout",
+            slots=self.options.concurrency,
+            max_attempts=s.task_max_attempts,
+            low_every=s.task_low_every,
+            extra_config=s.kafka_client,
+        )
+        backend = HttpBackend(self.url)
+        publisher = AsyncPublisher(
+            bootstrap_servers=s.bootstrap_servers,
+            topic=s.raw_topic,
+            ultra_topic=s.ultra_topic,
+            extra_config=dict(s.kafka_client),
+        )
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        options = RolloutOptions(worker_id="bench-rollout", concurrency=self.options.concurrency)
+        self.workers = [RolloutWorker(queue, backend, publisher, options, tokenizer=self.tokenizer)]
+        self._ready.set()
+        try:
+            await self.workers[0].run(self._stop)
+        finally:
+            await publisher.close()
+            await backend.close()
+            queue.close()
 
 
 class Bench:
@@ -98,7 +141,8 @@ class Bench:
         self.server, self.processor = psutil.Process(serve.pid), psutil.Process(processor.pid)
         # No learner publishes here, so no staleness limit: the worker's default (max_lag None).
         options = LoopOptions(concurrency=self.args.concurrency, max_lag=None)  # type: ignore[arg-type]
-        self.rollout = _Rollout(self.settings, options, self.url, self.tokenizer)
+        kind = OneQueueRollout if self.args.queues == "one" else _Rollout
+        self.rollout = kind(self.settings, options, self.url, self.tokenizer)
         self.rollout.start()
         s = self.settings
         topics = TaskTopics.named(
@@ -229,6 +273,12 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8, help="groups in flight, both sides")
+    parser.add_argument(
+        "--queues",
+        choices=("one", "per-slot"),
+        default="one",
+        help="one queue of --concurrency slots (rollstream rollout), or one single-slot queue per slot (the loop)",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
     load_before = load_average()
@@ -252,6 +302,7 @@ def main() -> None:
         "group_size": args.group_size,
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
+        "queues": args.queues,
     }
     emit(result, args.json)
 

@@ -43,6 +43,7 @@ from producers.backends.base import (
     VersionSpan,
 )
 from producers.backends.exceptions import TokenizerMismatchError
+from producers.lanes import Lane
 from producers.tasks.lease import Lease
 from producers.tasks.queue import TaskQueue
 from schemas import pack_float32, pack_int32, pack_mask
@@ -112,7 +113,10 @@ class RolloutOptions:
         on_weight_change: 'finish' keeps in-flight samples on the versions that made them (their
             spans say so); 'abort' requeues the task when a sample's weights changed mid-way.
         vocab_size: token ids must be below it; None: the backend's model says, else unchecked.
-        take_timeout_s: how long one take waits for a task.
+        take_timeout_s: how long one take waits for a task while none is in flight; with tasks in
+            flight a take waits at most `busy_take_timeout_s`, so their settlements, which share
+            the queue's thread, are not held up.
+        busy_take_timeout_s: see `take_timeout_s`.
         lag_wait_s: how long to wait before looking at the versions again when at the limit.
         max_turns: policy turns per episode when the worker has an `Environment`; each turn
             generates at most the task's `max_tokens`.
@@ -124,6 +128,7 @@ class RolloutOptions:
     on_weight_change: WeightChange = "finish"
     vocab_size: int | None = None
     take_timeout_s: float = 1.0
+    busy_take_timeout_s: float = 0.1
     lag_wait_s: float = 0.2
     max_turns: int = 4
 
@@ -149,7 +154,8 @@ class RolloutStats:
         generate_s: in the backend's `generate` (and the environment's turns).
         publish_s: from the first sample queued to the last acknowledged by Kafka.
         settle_s: settling leases on the queue (acknowledgement, commit, outcome event).
-        take_s: in `TaskQueue.take`, waiting for tasks included.
+        take_s: in `TaskQueue.take` calls that returned tasks.
+        idle_s: in `TaskQueue.take` calls that returned none (no task waiting).
     """
 
     started: int = 0
@@ -163,6 +169,7 @@ class RolloutStats:
     publish_s: float = 0.0
     settle_s: float = 0.0
     take_s: float = 0.0
+    idle_s: float = 0.0
 
 
 class BadGenerationError(Exception):
@@ -237,8 +244,12 @@ class RolloutWorker:
                     await _sleep_or_stop(stop, self.options.lag_wait_s)
                     continue
                 taking = time.monotonic()
-                leases = await self._call(self.queue.take, room, self.options.take_timeout_s)
-                self.stats.take_s += time.monotonic() - taking
+                wait = self.options.busy_take_timeout_s if self._in_flight else self.options.take_timeout_s
+                leases = await self._call(self.queue.take, room, wait)
+                if leases:
+                    self.stats.take_s += time.monotonic() - taking
+                else:
+                    self.stats.idle_s += time.monotonic() - taking
                 for lease in leases:
                     self.stats.started += 1
                     job = asyncio.create_task(self._work(lease))
@@ -517,7 +528,8 @@ class RolloutWorker:
         futures = []
         for index, record in enumerate(records):
             self._step("publishing", lease, index)
-            futures.append(await self.publisher.publish(record))
+            # The latency lane: the task is acknowledged only after the whole group is in Kafka.
+            futures.append(await self.publisher.publish(record, lane=Lane.LATENCY))
         await asyncio.gather(*futures)
         self.stats.publish_s += time.monotonic() - started
         self.stats.samples += len(records)

@@ -208,7 +208,7 @@ class TaskQueue:
             self._drain()
             out: list[Lease] = []
             while len(out) < room:
-                lease = self._next(hurry=bool(out))
+                lease = self._next(hurry=bool(out), end=end)
                 if lease is not None:
                     out.append(lease)
                     continue
@@ -366,7 +366,7 @@ class TaskQueue:
 
     # Getting records.
 
-    def _next(self, *, hurry: bool) -> Lease | None:
+    def _next(self, *, hurry: bool, end: float) -> Lease | None:
         """The next lease by priority: a held one, else one polled from the class's free consumers.
 
         Every free consumer of a class is polled, least recently polled first: the share group
@@ -374,7 +374,7 @@ class TaskQueue:
         its partition. A consumer that has not fetched yet is started with a poll of no wait; if
         some have fetched for less than SETTLE_S, the queue waits out one of them unless `hurry`
         (a lease is at hand already), in which case it returns None rather than let a lower class
-        jump the queue; what they fetch meanwhile is held for the next take.
+        jump the queue; what they fetch meanwhile is held for the next take. No wait outlasts `end`.
         """
         for priority in self._scheduler.order():
             held = next((lease for lease in self._held if lease.priority == priority), None)
@@ -392,11 +392,12 @@ class TaskQueue:
                 return None
             first = settling[0]
             assert first.armed_since is not None
-            wait = max(0.0, first.armed_since + SETTLE_S - time.monotonic())
+            now = time.monotonic()
+            wait = max(0.0, min(first.armed_since + SETTLE_S, end) - now)
             lease = self._poll_each([first], lambda m: True, wait)
             lease = lease or self._poll_each(settling[1:], self._settled)
-            if lease is not None:
-                return lease
+            if lease is not None or not self._settled(first):
+                return lease  # None when `end` cut the wait short: no lower class jumps the queue
         return None
 
     def _poll_each(
