@@ -2,8 +2,9 @@
 
 One `rollstream serve` (the loop's small transformer and 7-token tokenizer, random weights)
 serves both sides. Ours: tasks submitted to the tasks topic (share group), rollout workers in
-this process (the loop's `_Rollout`: `--concurrency` workers on single-slot task queues, no
-staleness limit as no learner publishes) generating through `HttpBackend`, samples to
+this process (`--queues one`, the default: one worker on one task queue of `--concurrency`
+slots, as `rollstream rollout` runs; `--queues per-slot`: the loop's `_Rollout`, `--concurrency`
+workers on single-slot queues; no staleness limit as no learner publishes) generating through `HttpBackend`, samples to
 rollouts.raw, `rollstream process` (math verifier, advantages) into Delta. Baseline: the server's own rate, the floor of
 generating the groups at all: `HttpBackend.generate` (one keep-alive client) on the same prompts,
 group size, max_tokens and temperature, as many in flight as ours, nothing else on the path.
@@ -12,10 +13,12 @@ rebalances) is excluded on both by a warm-up wave and warm-up requests.
 
 Windows: ours from the submission of a round's tasks to its last group visible in the table
 (polled every 50 ms), the baseline from its first request to its last response. `ratio` = median
-over rounds of ours / baseline samples per second. `p99_latency_s`: per task, submission to its
-complete group visible. `cpu_s_per_trajectory` outside the server: this process (submitter,
-worker, table polling) plus `rollstream process`; the server's own beside it.
-`worker_generate_share`: the worker slots' share of the window spent inside `generate`.
+over rounds of ours / baseline samples per second (bench/rounds.py: per-round ratios, spread,
+load average). `pipeline_p99_latency_s`: per task, submission to its complete group visible.
+`pipeline_cpu_s_per_item` outside the server: this process (submitter, worker, table polling)
+plus `rollstream process`; the server's own beside it. `pipeline_slot_<phase>_share`: the worker
+slots' share of the window in generate, publish (to Kafka's acknowledgement), settle and take;
+`pipeline_<phase>_s_per_task` the same in seconds per task.
 
 Needs a broker: ROLLSTREAM_BOOTSTRAP_SERVERS, or one on free loopback ports started here.
 
@@ -26,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import statistics
 import sys
 import time
 import uuid
@@ -38,6 +39,7 @@ import numpy as np
 import polars as pl
 import psutil
 from local_broker import broker
+from rounds import Sample, alternate, emit, load_average, summary
 
 from infra.loop import (
     LOOP_DOMAIN,
@@ -59,10 +61,55 @@ def cpu_of(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def generating(rollout: _Rollout) -> float:
-    """Seconds the rollout workers spent in `generate` so far (stats keep a total or one per group)."""
-    spent = [w.stats.generate_s for w in rollout.workers]
-    return float(sum(sum(x) if isinstance(x, list) else x for x in spent))
+PHASES = ("generate_s", "publish_s", "settle_s", "take_s", "idle_s")
+"""RolloutStats' per-phase seconds, summed over the workers."""
+
+
+def phases(rollout: _Rollout) -> dict[str, float]:
+    """Seconds the rollout workers spent in each phase so far."""
+    return {name: float(sum(getattr(w.stats, name, 0.0) for w in rollout.workers)) for name in PHASES}
+
+
+class OneQueueRollout(_Rollout):
+    """The loop's rollout thread, but one worker on one queue of `concurrency` slots, as
+    `rollstream rollout --concurrency N` runs (the loop runs N workers on single-slot queues)."""
+
+    async def _main(self) -> None:
+        from producers.aio import AsyncPublisher
+        from producers.rollout import RolloutOptions, RolloutWorker
+        from producers.tasks import TaskQueue, TaskTopics
+
+        s = self.settings
+        topics = TaskTopics.named(
+            s.tasks_topic, dead_letters=s.task_dlq_topic, outcomes=s.task_outcomes_topic
+        )
+        queue = TaskQueue(
+            bootstrap_servers=s.bootstrap_servers,
+            topics=topics,
+            group=s.task_group,
+            worker_id="bench-rollout",
+            slots=self.options.concurrency,
+            max_attempts=s.task_max_attempts,
+            low_every=s.task_low_every,
+            extra_config=s.kafka_client,
+        )
+        backend = HttpBackend(self.url)
+        publisher = AsyncPublisher(
+            bootstrap_servers=s.bootstrap_servers,
+            topic=s.raw_topic,
+            ultra_topic=s.ultra_topic,
+            extra_config=dict(s.kafka_client),
+        )
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        options = RolloutOptions(worker_id="bench-rollout", concurrency=self.options.concurrency)
+        self.workers = [RolloutWorker(queue, backend, publisher, options, tokenizer=self.tokenizer)]
+        self._ready.set()
+        try:
+            await self.workers[0].run(self._stop)
+        finally:
+            await publisher.close()
+            await backend.close()
+            queue.close()
 
 
 class Bench:
@@ -94,7 +141,8 @@ class Bench:
         self.server, self.processor = psutil.Process(serve.pid), psutil.Process(processor.pid)
         # No learner publishes here, so no staleness limit: the worker's default (max_lag None).
         options = LoopOptions(concurrency=self.args.concurrency, max_lag=None)  # type: ignore[arg-type]
-        self.rollout = _Rollout(self.settings, options, self.url, self.tokenizer)
+        kind = OneQueueRollout if self.args.queues == "one" else _Rollout
+        self.rollout = kind(self.settings, options, self.url, self.tokenizer)
         self.rollout.start()
         s = self.settings
         topics = TaskTopics.named(
@@ -147,13 +195,13 @@ class Bench:
         counts = frame.filter(pl.col("task_id").str.starts_with(f"{tag}-")).group_by("task_id").len()
         return dict(zip(counts["task_id"].to_list(), counts["len"].to_list(), strict=True))
 
-    def pipeline(self, tag: str, count: int, timeout_s: float = 300.0) -> dict[str, Any]:
+    def pipeline(self, tag: str, count: int, timeout_s: float = 300.0) -> Sample:
         """Submit `count` tasks; wait until every group is in the table."""
         assert self.server is not None and self.processor is not None and self.rollout is not None
         tasks = self.tasks(tag, count)
         me = psutil.Process()
         cpu0 = (cpu_of(me), cpu_of(self.processor), cpu_of(self.server))
-        generating0 = generating(self.rollout)
+        phases0 = phases(self.rollout)
         start = time.time()
         report = self.submitter.submit(tasks)
         if report.refused:
@@ -174,22 +222,19 @@ class Bench:
         mine, processor, server = (cpu_of(me), cpu_of(self.processor), cpu_of(self.server))
         samples = count * self.args.group_size
         latencies = [t - start for t in seen.values()]
-        return {
-            "samples_per_s": samples / (end - start),
-            "groups_per_s": count / (end - start),
-            "seconds": round(end - start, 3),
-            "p50_latency_s": round(float(np.percentile(latencies, 50)), 3),
-            "p99_latency_s": round(float(np.percentile(latencies, 99)), 3),
-            # the worker's slots' share of the window spent in backend.generate
-            "worker_generate_share": round(
-                (generating(self.rollout) - generating0) / (self.args.concurrency * (end - start)),
-                3,
-            ),
-            "cpu_s_per_trajectory": (mine - cpu0[0] + processor - cpu0[1]) / samples,
+        spent = {name: value - phases0[name] for name, value in phases(self.rollout).items()}
+        slot_s = self.args.concurrency * (end - start)
+        extra = {
+            "p50_latency_s": float(np.percentile(latencies, 50)),
+            "p99_latency_s": float(np.percentile(latencies, 99)),
             "server_cpu_s_per_trajectory": (server - cpu0[2]) / samples,
+            # the worker slots' share of the window in each phase, and per task in seconds
+            **{f"slot_{name[:-2]}_share": value / slot_s for name, value in spent.items()},
+            **{f"{name[:-2]}_s_per_task": value / count for name, value in spent.items()},
         }
+        return Sample(samples, end - start, mine - cpu0[0] + processor - cpu0[1], extra)
 
-    def direct(self, count: int) -> dict[str, Any]:
+    def direct(self, count: int) -> Sample:
         """The same prompts straight to the server, `--concurrency` groups in flight."""
         assert self.server is not None
         prompts_ids = [self.tokenizer.encode(self.pairs[i % len(self.pairs)][0]) for i in range(count)]
@@ -215,13 +260,8 @@ class Bench:
         start, end, samples = asyncio.run(run())
         if samples != count * self.args.group_size:
             raise SystemExit(f"direct: {samples} samples of {count * self.args.group_size}")
-        return {
-            "samples_per_s": samples / (end - start),
-            "groups_per_s": count / (end - start),
-            "seconds": round(end - start, 3),
-            "cpu_s_per_trajectory": (cpu_of(me) - cpu0[0]) / samples,
-            "server_cpu_s_per_trajectory": (cpu_of(self.server) - cpu0[1]) / samples,
-        }
+        extra = {"server_cpu_s_per_trajectory": (cpu_of(self.server) - cpu0[1]) / samples}
+        return Sample(samples, end - start, cpu_of(me) - cpu0[0], extra)
 
 
 def main() -> None:
@@ -233,66 +273,38 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8, help="groups in flight, both sides")
+    parser.add_argument(
+        "--queues",
+        choices=("one", "per-slot"),
+        default="one",
+        help="one queue of --concurrency slots (rollstream rollout), or one single-slot queue per slot (the loop)",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
-    load_before = os.getloadavg()
-    rounds: list[dict[str, Any]] = []
+    load_before = load_average()
     with broker("bench-rollout-") as base:
         bench = Bench(loop_settings(base, f"bench-rollout-{uuid.uuid4().hex[:6]}"), args)
         try:
             bench.start()
             bench.pipeline("warmup", max(8, args.concurrency))
             bench.direct(args.concurrency)
-            for i in range(args.rounds):
-                result: dict[str, Any] = {}
-                for side in ("pipeline", "direct") if i % 2 == 0 else ("direct", "pipeline"):
-                    if side == "pipeline":
-                        result[side] = bench.pipeline(f"r{i}", args.tasks)
-                    else:
-                        result[side] = bench.direct(args.tasks)
-                result["ratio"] = result["pipeline"]["samples_per_s"] / result["direct"]["samples_per_s"]
-                rounds.append(result)
-                print(
-                    f"round {i + 1}: pipeline {result['pipeline']['samples_per_s']:.0f} samples/s "
-                    f"(p99 {result['pipeline']['p99_latency_s']} s), direct "
-                    f"{result['direct']['samples_per_s']:.0f}/s, ratio {result['ratio']:.3f}",
-                    file=sys.stderr,
-                )
+            samples = alternate(
+                ("pipeline", lambda i: bench.pipeline(f"r{i}", args.tasks)),
+                [("direct", lambda i: bench.direct(args.tasks))],
+                args.rounds,
+            )
         finally:
             bench.stop()
-    ratios = [r["ratio"] for r in rounds]
-
-    def median(side: str, key: str) -> float:
-        return round(statistics.median(r[side][key] for r in rounds), 6)
-
-    out = {
+    result = {
         "bench": "rollout",
-        "ratio": round(statistics.median(ratios), 3),
-        "ratio_min": round(min(ratios), 3),
-        "ratio_max": round(max(ratios), 3),
-        "rounds": len(rounds),
+        **summary(samples, "pipeline", load_before, unit="trajectories"),
         "tasks_per_round": args.tasks,
         "group_size": args.group_size,
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
-        "pipeline_samples_per_s": median("pipeline", "samples_per_s"),
-        "direct_samples_per_s": median("direct", "samples_per_s"),
-        "pipeline_groups_per_s": median("pipeline", "groups_per_s"),
-        "direct_groups_per_s": median("direct", "groups_per_s"),
-        "p99_latency_s": median("pipeline", "p99_latency_s"),
-        "p50_latency_s": median("pipeline", "p50_latency_s"),
-        "worker_generate_share": median("pipeline", "worker_generate_share"),
-        "cpu_s_per_trajectory": median("pipeline", "cpu_s_per_trajectory"),
-        "direct_cpu_s_per_trajectory": median("direct", "cpu_s_per_trajectory"),
-        "server_cpu_s_per_trajectory": median("pipeline", "server_cpu_s_per_trajectory"),
-        "direct_server_cpu_s_per_trajectory": median("direct", "server_cpu_s_per_trajectory"),
-        "per_round": [
-            {"ratio": round(r["ratio"], 3), "pipeline": r["pipeline"], "direct": r["direct"]} for r in rounds
-        ],
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "queues": args.queues,
     }
-    print(json.dumps(out) if args.json else json.dumps(out, indent=2))
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ The model (docs/security.md):
   loopback and is not for clients.
 - Roles, each a Kafka user with the least it needs:
   ``admin`` (super user: provisioning, tools),
-  ``producer`` (write the trajectory topics, nothing else),
+  ``producer`` (write the trajectory topics; as a rollout worker or submitter, take and write
+  tasks in the task share group, write task dead letters and the outcome log, read the log),
   ``processor`` (read the trajectory topics in its consumer groups, write the dead letters),
-  ``operator`` (read the dead letters' raw bytes, for triage and re-scoring).
+  ``operator`` (read the dead letters' and task dead letters' raw bytes, for triage and
+  re-scoring, and the task outcome log).
   Only ``processor`` writes and only ``operator`` (and ``admin``) reads ``rollouts.dlq``: raw bytes of
   rejected messages may hold whatever a worker sent, so producers and learners never see them.
 - Passwords are random per stack, written to ``credentials.toml`` (mode 0600), and each role's
@@ -193,6 +195,7 @@ def ensure_users_and_acls(
     trajectory_topics: Iterable[str],
     dlq_topic: str,
     group_prefix: str = "rollstream",
+    tasks: TaskAcls | None = None,
     timeout: float = 30.0,
 ) -> None:
     """Create every role's SCRAM user and its ACLs (idempotent: existing ones are replaced alike)."""
@@ -209,7 +212,7 @@ def ensure_users_and_acls(
         except Exception as exc:
             raise BrokerError(f"could not create Kafka user {user!r}: {exc}") from exc
     bindings = acl_bindings(
-        trajectory_topics=trajectory_topics, dlq_topic=dlq_topic, group_prefix=group_prefix
+        trajectory_topics=trajectory_topics, dlq_topic=dlq_topic, group_prefix=group_prefix, tasks=tasks
     )
     for binding, future in admin.create_acls(bindings, request_timeout=timeout).items():
         try:
@@ -218,7 +221,26 @@ def ensure_users_and_acls(
             raise BrokerError(f"could not create ACL {binding}: {exc}") from exc
 
 
-def acl_bindings(*, trajectory_topics: Iterable[str], dlq_topic: str, group_prefix: str) -> list[AclBinding]:
+@dataclass(frozen=True)
+class TaskAcls:
+    """The task queue's resources (docs/rollout.md, Tasks), whose ACLs `acl_bindings` adds.
+
+    Attributes:
+        topics: the task topics, one per priority class.
+        dead_letters: the task dead-letter topic.
+        outcomes: the task outcome log.
+        group: the rollout workers' share group.
+    """
+
+    topics: tuple[str, ...]
+    dead_letters: str
+    outcomes: str
+    group: str
+
+
+def acl_bindings(
+    *, trajectory_topics: Iterable[str], dlq_topic: str, group_prefix: str, tasks: TaskAcls | None = None
+) -> list[AclBinding]:
     """The ACLs of the roles in this module's docstring."""
     allow = AclPermissionType.ALLOW
     topic, group = ResourceType.TOPIC, ResourceType.GROUP
@@ -241,6 +263,26 @@ def acl_bindings(*, trajectory_topics: Iterable[str], dlq_topic: str, group_pref
     out.append(rule("operator", topic, dlq_topic, literal, AclOperation.READ))
     out.append(rule("operator", topic, dlq_topic, literal, AclOperation.DESCRIBE))
     out.append(rule("operator", group, group_prefix, prefixed, AclOperation.READ))
+    if tasks is None:
+        return out
+    # Workers take tasks (READ) and requeue copies (WRITE); submitters WRITE. The share group's
+    # configs (lock, delivery limit) are read when a queue opens.
+    for name in tasks.topics:
+        for op in (AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE):
+            out.append(rule("producer", topic, name, literal, op))
+    for op in (AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS):
+        out.append(rule("producer", group, tasks.group, literal, op))
+    # Task dead letters hold a task's raw bytes: written by workers, read by the operator only.
+    out.append(rule("producer", topic, tasks.dead_letters, literal, AclOperation.WRITE))
+    out.append(rule("producer", topic, tasks.dead_letters, literal, AclOperation.DESCRIBE))
+    out.append(rule("operator", topic, tasks.dead_letters, literal, AclOperation.READ))
+    out.append(rule("operator", topic, tasks.dead_letters, literal, AclOperation.DESCRIBE))
+    # The outcome log: written by workers, read by `rollstream tasks status` (either role).
+    for op in (AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE):
+        out.append(rule("producer", topic, tasks.outcomes, literal, op))
+    out.append(rule("operator", topic, tasks.outcomes, literal, AclOperation.READ))
+    out.append(rule("operator", topic, tasks.outcomes, literal, AclOperation.DESCRIBE))
+    out.append(rule("producer", group, group_prefix, prefixed, AclOperation.READ))  # status readers
     return out
 
 

@@ -1,8 +1,9 @@
 """`rollstream serve`: a torch policy behind the OpenAI-compatible API the HTTP backend speaks.
 
 Generation is the producers' `TorchBackend`; this module adds the HTTP surface (completions with
-token ids, logprobs and weight-version spans, model card, tokenize, weight reload by version,
-health), a JSONL log of every sample returned, and a uvicorn server that stops on SIGTERM.
+token ids, logprobs and weight-version spans, vLLM's tokens-in/tokens-out generate, model card,
+tokenize, weight reload by version, health), a JSONL log of every sample returned, and a uvicorn
+server that stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.exceptions import InfraError
 from producers.backends import (
+    GeneratedSample,
     GenerationError,
     InvalidRequestError,
     PolicyModel,
@@ -58,6 +60,30 @@ class CompletionRequest(BaseModel):
     top_k: int | None = None
     seed: int | None = None
     stop_token_ids: list[int] = []
+    model: str | None = None
+
+
+class GenerateSampling(BaseModel):
+    """The sampling parameters of a `/inference/v1/generate` request this server honours."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+
+
+class GenerateRequest(BaseModel):
+    """vLLM's tokens-in/tokens-out request: prompt ids and sampling parameters."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    token_ids: list[int]
+    sampling_params: GenerateSampling = GenerateSampling()
     model: str | None = None
 
 
@@ -130,6 +156,7 @@ class PolicyServer:
         self._updating = asyncio.Lock()
         self.app = FastAPI(title="rollstream serve", docs_url=None, redoc_url=None)
         self.app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        self.app.add_api_route("/inference/v1/generate", self.generate, methods=["POST"])
         self.app.add_api_route("/v1/models", self.models, methods=["GET"])
         self.app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
         self.app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
@@ -140,22 +167,10 @@ class PolicyServer:
         """Samples for a token-id prompt, with token ids, processed logprobs and version spans."""
         if isinstance(request.prompt, str):
             return _error(400, "give the prompt as token ids (POST /tokenize turns text into ids)")
-        try:
-            params = SamplingParams(
-                temperature=request.temperature,
-                top_p=request.top_p,
-                top_k=request.top_k if request.top_k and request.top_k > 0 else None,
-                max_tokens=request.max_tokens,
-                stop_token_ids=tuple(request.stop_token_ids),
-                seed=request.seed,
-                n=request.n,
-            )
-            samples = await self.backend.generate(request.prompt, params)
-        except (ValueError, InvalidRequestError) as exc:
-            return _error(400, str(exc))
-        except GenerationError as exc:
-            return _error(500, str(exc), "server_error")
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        answer = await self._sample(request.prompt, request, prefix="cmpl")
+        if isinstance(answer, JSONResponse):
+            return answer
+        request_id, samples = answer
         choices = []
         for index, sample in enumerate(samples):
             logprobs: dict[str, Any] = {"token_logprobs": sample.logprobs}
@@ -172,20 +187,6 @@ class PolicyServer:
                     "logprob_mode": sample.logprob_mode,
                 }
             )
-        if self.log is not None:
-            lines = [
-                {
-                    "request_id": request_id,
-                    "index": index,
-                    "prompt_ids": request.prompt,
-                    "token_ids": sample.token_ids,
-                    "logprobs": sample.logprobs,
-                    "finish_reason": sample.finish_reason,
-                    "weight_versions": [list(span) for span in sample.weight_versions],
-                }
-                for index, sample in enumerate(samples)
-            ]
-            await asyncio.to_thread(self.log.write, lines)
         completion_tokens = sum(len(s.token_ids) for s in samples)
         return {
             "id": request_id,
@@ -200,6 +201,70 @@ class PolicyServer:
             },
             "logprob_mode": "processed",
         }
+
+    async def generate(self, request: GenerateRequest) -> Any:
+        """vLLM's tokens-in/tokens-out answer: token ids, chat-style logprobs, spans per token range."""
+        answer = await self._sample(request.token_ids, request.sampling_params, prefix="gen")
+        if isinstance(answer, JSONResponse):
+            return answer
+        request_id, samples = answer
+        choices = []
+        for index, sample in enumerate(samples):
+            content = [
+                {
+                    "token": self.tokenizer.decode([t]) if self.tokenizer is not None else f"token_id:{t}",
+                    "logprob": logprob,
+                    "top_logprobs": [],
+                }
+                for t, logprob in zip(sample.token_ids, sample.logprobs, strict=True)
+            ]
+            choices.append(
+                {
+                    "index": index,
+                    "token_ids": sample.token_ids,
+                    "logprobs": {"content": content},
+                    "finish_reason": sample.finish_reason,
+                    "weight_versions": [list(span) for span in sample.weight_versions],
+                    "logprob_mode": sample.logprob_mode,
+                }
+            )
+        return {"request_id": request_id, "choices": choices}
+
+    async def _sample(
+        self, prompt: list[int], sampling: CompletionRequest | GenerateSampling, *, prefix: str
+    ) -> tuple[str, list[GeneratedSample]] | JSONResponse:
+        """Generate, log every sample, and return them with a request id; an error as its answer."""
+        try:
+            params = SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k and sampling.top_k > 0 else None,
+                max_tokens=sampling.max_tokens,
+                stop_token_ids=tuple(sampling.stop_token_ids),
+                seed=sampling.seed,
+                n=sampling.n,
+            )
+            samples = await self.backend.generate(prompt, params)
+        except (ValueError, InvalidRequestError) as exc:
+            return _error(400, str(exc))
+        except GenerationError as exc:
+            return _error(500, str(exc), "server_error")
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        if self.log is not None:
+            lines = [
+                {
+                    "request_id": request_id,
+                    "index": index,
+                    "prompt_ids": prompt,
+                    "token_ids": sample.token_ids,
+                    "logprobs": sample.logprobs,
+                    "finish_reason": sample.finish_reason,
+                    "weight_versions": [list(span) for span in sample.weight_versions],
+                }
+                for index, sample in enumerate(samples)
+            ]
+            await asyncio.to_thread(self.log.write, lines)
+        return request_id, samples
 
     async def models(self) -> dict[str, Any]:
         """The model card: id, vocab_size, max_model_len, weight_version, logprob_mode."""
@@ -219,14 +284,27 @@ class PolicyServer:
         """Text to token ids with the loaded tokenizer: {"tokens": [...], "count": n}."""
         if self.tokenizer is None:
             return _error(404, "no tokenizer loaded: start rollstream serve with --tokenizer FILE")
-        tokens = self.tokenizer.encode(request.prompt)
+        try:
+            tokens = self.tokenizer.encode(request.prompt)
+        except ValueError as exc:  # a character outside the vocabulary
+            return _error(400, f"the prompt cannot be tokenized: {exc}")
+        vocab = self.backend.vocab_size
+        if outside := [t for t in tokens if not 0 <= t < vocab]:
+            return _error(
+                400,
+                f"the tokenizer gives ids {outside[:5]} outside the model's vocabulary [0, {vocab}): "
+                "it is not the model's tokenizer",
+            )
         return {"tokens": tokens, "count": len(tokens), "max_model_len": self.backend.max_length}
 
     async def detokenize(self, request: DetokenizeRequest) -> Any:
         """Token ids to text with the loaded tokenizer: {"prompt": text}."""
         if self.tokenizer is None:
             return _error(404, "no tokenizer loaded: start rollstream serve with --tokenizer FILE")
-        return {"prompt": self.tokenizer.decode(request.tokens)}
+        try:
+            return {"prompt": self.tokenizer.decode(request.tokens)}
+        except ValueError as exc:  # an id outside the vocabulary
+            return _error(400, f"the tokens cannot be detokenized: {exc}")
 
     async def update_weights(self, request: WeightsUpdate) -> Any:
         """Load a published version off the request path and swap it in; 400 when it is refused."""

@@ -23,7 +23,7 @@ from infra.kafka_jars import ensure_jars
 from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
 from infra.object_store import lake_settings_hint, object_store_status, start_object_store, stop_object_store
 from infra.processes import ProcessStatus, stderr_progress
-from infra.secure import SecurePaths, ensure_material, ensure_users_and_acls, write_role_configs
+from infra.secure import SecurePaths, TaskAcls, ensure_material, ensure_users_and_acls, write_role_configs
 from infra.settings import Settings
 from infra.topics import TopicChange, admin_client, load_topics, provision_topics, wait_until_served
 
@@ -158,11 +158,19 @@ def up(
     wait_until_served(admin, [spec.name for spec in specs])
     if paths.enabled:
         passwords = ensure_material(paths, settings.kafka_host)
+        named = {spec.role: spec.name for spec in specs}
+        tasks = TaskAcls(
+            (named["tasks_high"], named["tasks_low"]),
+            named["task_dlq"],
+            named["task_outcomes"],
+            settings.task_group,
+        )
         ensure_users_and_acls(
             admin,
             passwords,
             trajectory_topics=[settings.raw_topic, settings.ultra_topic],
             dlq_topic=settings.dlq_topic,
+            tasks=tasks,
         )
         for config in write_role_configs(paths, passwords):
             progress(f"client settings: {config}")

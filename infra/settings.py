@@ -207,6 +207,8 @@ class Settings(BaseSettings):
             kept above ``task_max_attempts`` so the dead letter is written first. 2 to 10. Default 5.
         task_low_every: Y: while both priority classes wait, at least one start in Y is a
             low-priority task (the others are high). At least 2. Default 4.
+        task_window: Completed task ids the stream stage remembers per partition, within which a
+            later complete group of the same task is a ``duplicate_attempt`` dead letter. Default 100000.
     """
 
     model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix=ENV_PREFIX)
@@ -244,6 +246,7 @@ class Settings(BaseSettings):
     task_max_attempts: Int = 3
     task_delivery_limit: Int = 5
     task_low_every: Int = 4
+    task_window: Int = 100_000
 
     def __init__(self, **values: Any) -> None:
         """Validate `values` alone (no file, no environment: that is `load`); errors are SettingsError."""

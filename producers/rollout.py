@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -41,6 +42,8 @@ from producers.backends.base import (
     Tokenizer,
     VersionSpan,
 )
+from producers.backends.exceptions import TokenizerMismatchError
+from producers.lanes import Lane
 from producers.tasks.lease import Lease
 from producers.tasks.queue import TaskQueue
 from schemas import pack_float32, pack_int32, pack_mask
@@ -110,7 +113,10 @@ class RolloutOptions:
         on_weight_change: 'finish' keeps in-flight samples on the versions that made them (their
             spans say so); 'abort' requeues the task when a sample's weights changed mid-way.
         vocab_size: token ids must be below it; None: the backend's model says, else unchecked.
-        take_timeout_s: how long one take waits for a task.
+        take_timeout_s: how long one take waits for a task while none is in flight; with tasks in
+            flight a take waits at most `busy_take_timeout_s`, so their settlements, which share
+            the queue's thread, are not held up.
+        busy_take_timeout_s: see `take_timeout_s`.
         lag_wait_s: how long to wait before looking at the versions again when at the limit.
         max_turns: policy turns per episode when the worker has an `Environment`; each turn
             generates at most the task's `max_tokens`.
@@ -122,6 +128,7 @@ class RolloutOptions:
     on_weight_change: WeightChange = "finish"
     vocab_size: int | None = None
     take_timeout_s: float = 1.0
+    busy_take_timeout_s: float = 0.1
     lag_wait_s: float = 0.2
     max_turns: int = 4
 
@@ -141,7 +148,15 @@ class RolloutOptions:
 
 @dataclass
 class RolloutStats:
-    """What a worker did so far."""
+    """What a worker did so far; the ``_s`` fields are seconds summed over tasks (slots overlap).
+
+    Attributes:
+        generate_s: in the backend's `generate` (and the environment's turns).
+        publish_s: from the first sample queued to the last acknowledged by Kafka.
+        settle_s: settling leases on the queue (acknowledgement, commit, outcome event).
+        take_s: in `TaskQueue.take` calls that returned tasks.
+        idle_s: in `TaskQueue.take` calls that returned none (no task waiting).
+    """
 
     started: int = 0
     done: int = 0
@@ -151,6 +166,10 @@ class RolloutStats:
     samples: int = 0
     lag_waits: int = 0
     generate_s: float = 0.0
+    publish_s: float = 0.0
+    settle_s: float = 0.0
+    take_s: float = 0.0
+    idle_s: float = 0.0
 
 
 class BadGenerationError(Exception):
@@ -224,7 +243,13 @@ class RolloutWorker:
                     self.stats.lag_waits += 1
                     await _sleep_or_stop(stop, self.options.lag_wait_s)
                     continue
-                leases = await self._call(self.queue.take, room, self.options.take_timeout_s)
+                taking = time.monotonic()
+                wait = self.options.busy_take_timeout_s if self._in_flight else self.options.take_timeout_s
+                leases = await self._call(self.queue.take, room, wait)
+                if leases:
+                    self.stats.take_s += time.monotonic() - taking
+                else:
+                    self.stats.idle_s += time.monotonic() - taking
                 for lease in leases:
                     self.stats.started += 1
                     job = asyncio.create_task(self._work(lease))
@@ -283,6 +308,9 @@ class RolloutWorker:
             await self._settle(
                 lease, "fail", f"generation outlasted the task's deadline of {task.deadline_ms} ms"
             )
+            return
+        except TokenizerMismatchError as exc:  # no attempt can mend it
+            await self._settle(lease, "dead", _describe(exc))
             return
         except Exception as exc:  # this attempt failed: release it for a retry
             await self._settle(lease, "fail", _describe(exc))
@@ -378,6 +406,7 @@ class RolloutWorker:
         return _Episode(sample, mask)
 
     async def _settle(self, lease: Lease, how: str, error: str = "") -> None:
+        started = time.monotonic()
         try:
             if how == "done":
                 await self._settling(lease.done)
@@ -386,13 +415,15 @@ class RolloutWorker:
                 await self._settling(lease.requeue)
                 self.stats.requeued += 1
             else:
-                state = await self._settling(lease.fail, error)
+                fail = functools.partial(lease.fail, final=how == "dead")
+                state = await self._settling(fail, error)
                 self.stats.dead += state == "dead"
                 self.stats.failed += state != "dead"
         except Exception as exc:  # an expired lock: the broker delivers the task again
             log.warning("settling task %s (%s) failed: %s", lease.task_id, how, exc)
             self.stats.failed += 1
-        if how == "fail":
+        self.stats.settle_s += time.monotonic() - started
+        if how in ("fail", "dead"):
             log.warning("task %s attempt %d failed: %s", lease.task_id, lease.attempt, error)
         if self.progress is not None:
             s = self.stats
@@ -407,11 +438,18 @@ class RolloutWorker:
         if self.tokenizer is not None:
             name = getattr(self.tokenizer, "name", None)
             if task.tokenizer and isinstance(name, str) and task.tokenizer != name:
-                raise BadGenerationError(
+                raise TokenizerMismatchError(
                     f"task {task.task_id} is written for tokenizer {task.tokenizer!r}, but this worker's is "
                     f"{name!r}: give the model's tokenizer, or submit the task with its token ids"
                 )
-            return list(self.tokenizer.encode(task.prompt_text))
+            ids = list(self.tokenizer.encode(task.prompt_text))
+            if (back := self.tokenizer.decode(ids)) != task.prompt_text:
+                raise TokenizerMismatchError(
+                    f"task {task.task_id}: the worker's tokenizer turns the prompt into ids that decode to "
+                    f"{back!r:.80}, not the prompt {task.prompt_text!r:.80}; give the model's tokenizer, "
+                    "or submit the task with its token ids"
+                )
+            return ids
         tokenize = getattr(self.backend, "tokenize", None)
         if tokenize is None:
             raise BadGenerationError(
@@ -486,11 +524,14 @@ class RolloutWorker:
 
     async def _publish(self, lease: Lease, records: list[dict[str, Any]]) -> None:
         """Queue every sample, then wait for Kafka's acknowledgements; a failed one raises."""
+        started = time.monotonic()
         futures = []
         for index, record in enumerate(records):
             self._step("publishing", lease, index)
-            futures.append(await self.publisher.publish(record))
+            # The latency lane: the task is acknowledged only after the whole group is in Kafka.
+            futures.append(await self.publisher.publish(record, lane=Lane.LATENCY))
         await asyncio.gather(*futures)
+        self.stats.publish_s += time.monotonic() - started
         self.stats.samples += len(records)
         self._step("published", lease, len(records))
 

@@ -63,7 +63,13 @@ class RolloutEnv:
     """Fresh task topics, raw and dead-letter topics, and a share group with a `lock_ms` lock."""
 
     def __init__(
-        self, admin: AdminClient, bootstrap_servers: str, *, raw_partitions: int = 2, lock_ms: int = LOCK_MS
+        self,
+        admin: AdminClient,
+        bootstrap_servers: str,
+        *,
+        raw_partitions: int = 2,
+        task_partitions: int = 1,
+        lock_ms: int = LOCK_MS,
     ) -> None:
         self.admin = admin
         self.bootstrap_servers = bootstrap_servers
@@ -77,7 +83,8 @@ class RolloutEnv:
         self.lock_ms = lock_ms
         self.names = [*self.topics.classes.values(), self.topics.dead_letters, self.topics.outcomes]
         self.names += [self.raw, self.ultra, self.dlq]
-        new = [NewTopic(name, raw_partitions if name == self.raw else 1, 1) for name in self.names]
+        partitions = {self.raw: raw_partitions} | dict.fromkeys(self.topics.classes.values(), task_partitions)
+        new = [NewTopic(name, partitions.get(name, 1), 1) for name in self.names]
         for future in admin.create_topics(new).values():
             future.result(timeout=30)
         config = {

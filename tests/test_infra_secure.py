@@ -165,3 +165,58 @@ def _garbage_letters(lake: Path) -> int:
         return 0
     letters = pl.read_delta(str(lake / "dead_letters"), columns=["key"])
     return letters.filter(pl.col("key") == pl.lit(b"bad", dtype=pl.Binary)).height
+
+
+def test_the_producer_role_takes_and_settles_tasks_and_only_the_operator_reads_task_dead_letters(
+    stack: Settings,
+):
+    from producers.tasks import TaskQueue, TaskSubmitter, TaskTopics, read_status
+
+    producer = Settings.load(SecurePaths.of(stack.state_dir).role_config("producer"))
+    client = dict(producer.kafka_client)
+    topics = TaskTopics.named(
+        stack.tasks_topic, dead_letters=stack.task_dlq_topic, outcomes=stack.task_outcomes_topic
+    )
+    row = {
+        "task_id": "secure-1",
+        "prompt_tokens": [1, 2, 3],
+        "domain": "math/algebra-001",
+        "task_type": "math",
+        "expected_answer": "2",
+        "group_size": 2,
+        "max_tokens": 4,
+        "deadline_ms": 60_000,
+    }
+    with TaskSubmitter(
+        bootstrap_servers=stack.bootstrap_servers,
+        topics=topics,
+        lock_ms=stack.task_lock_ms,
+        default_deadline_ms=60_000,
+        extra_config=client,
+    ) as submitter:
+        assert submitter.submit([row]).submitted.get("low") == 1
+    queue = TaskQueue(
+        bootstrap_servers=stack.bootstrap_servers, topics=topics, group=stack.task_group, extra_config=client
+    )
+    try:
+        leases = []
+        deadline = time.monotonic() + 60
+        while not leases and time.monotonic() < deadline:
+            leases = queue.take(1, timeout=1.0)
+        assert [lease.task_id for lease in leases] == ["secure-1"]
+        leases[0].done()
+    finally:
+        queue.close()
+    status = read_status(
+        bootstrap_servers=stack.bootstrap_servers,
+        topics=topics,
+        lock_ms=stack.task_lock_ms,
+        extra_config=client,
+    )
+    assert status.classes["low"].done == 1
+    assert _produce(stack, "producer", stack.task_dlq_topic) is None
+    assert _first_message_or_error(stack, "operator", stack.task_dlq_topic) == b"probe"
+    denied = _first_message_or_error(stack, "producer", stack.task_dlq_topic)
+    assert isinstance(denied, KafkaError) and denied.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    refused = _produce(stack, "processor", stack.task_dlq_topic)
+    assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED

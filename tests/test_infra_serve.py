@@ -20,7 +20,18 @@ import torch
 from backend_support import CausalMeanPolicy, CharTokenizer
 from safetensors.torch import save_file
 
-from producers.backends import HttpBackend, HttpOptions, ModelInfo, SamplingParams, VersionSpan, file_sha256
+from producers.backends import (
+    BadResponseError,
+    HttpBackend,
+    HttpOptions,
+    ModelInfo,
+    SamplingParams,
+    TokenizerMismatchError,
+    VersionSpan,
+    file_sha256,
+)
+from producers.backends.http import Dialect
+from producers.backends.responses import generate_choices
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = CharTokenizer.vocab_size
@@ -80,9 +91,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert process.returncode == 0, f"rollstream serve exited {process.returncode} on SIGTERM: {err[-2000:]}"
 
 
-def drive(url: str, prompt: list[int], params: SamplingParams) -> tuple[list[Any], ModelInfo]:
+def drive(
+    url: str, prompt: list[int], params: SamplingParams, dialect: Dialect = "openai"
+) -> tuple[list[Any], ModelInfo]:
     async def run() -> tuple[list[Any], ModelInfo]:
-        backend = HttpBackend(url, HttpOptions(attempts=2, backoff_s=0.05))
+        backend = HttpBackend(url, HttpOptions(dialect=dialect, attempts=2, backoff_s=0.05))
         try:
             return await backend.generate(prompt, params), await backend.model_info()
         finally:
@@ -109,6 +122,47 @@ def test_a_group_is_exactly_what_the_server_logged(served: Served) -> None:
         assert all(-50 < lp <= 0 for lp in sample.logprobs)
 
 
+def test_the_tokens_in_tokens_out_dialect_is_exactly_what_the_server_logged(served: Served) -> None:
+    prompt = [2, 7, 1, 8, 2, 8]
+    params = SamplingParams(temperature=0.7, top_k=8, max_tokens=10, n=3, seed=11)
+    samples, info = drive(served.url, prompt, params, dialect="generate")
+    logged = sorted(
+        (line for line in served.logged() if line["prompt_ids"] == prompt), key=lambda x: x["index"]
+    )
+    assert len(samples) == len(logged) == 3 and logged[0]["request_id"].startswith("gen-")
+    for sample, line in zip(samples, logged, strict=True):
+        assert (sample.token_ids, sample.logprobs) == (line["token_ids"], line["logprobs"])
+        assert [list(span) for span in sample.weight_versions] == line["weight_versions"]
+        assert sample.spans_exact and sample.weight_versions[0].version == info.weight_version
+        assert sample.logprob_mode == "processed" and sample.sampling == params
+
+
+def test_the_generate_dialect_takes_the_servers_spans_per_token_range() -> None:
+    content = [
+        {"token": "a", "logprob": -0.5},
+        {"token": "b", "logprob": -1.0},
+        {"token": "c", "logprob": -2.0},
+    ]
+    body = {
+        "request_id": "r",
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": [1, 2, 3],
+                "logprobs": {"content": content},
+                "finish_reason": "length",
+                "weight_versions": [[0, 2, 4], [2, 3, 5]],
+            }
+        ],
+    }
+    (choice,) = generate_choices(body, where="test")
+    assert choice.spans == [VersionSpan(0, 2, 4), VersionSpan(2, 3, 5)]
+    assert (choice.token_ids, choice.logprobs) == ([1, 2, 3], [-0.5, -1.0, -2.0])
+    body["choices"][0]["logprobs"] = None  # type: ignore[index]
+    with pytest.raises(BadResponseError, match=r"logprobs\.content"):
+        generate_choices(body, where="test")
+
+
 def test_tokenize_round_trip(served: Served) -> None:
     with httpx.Client(base_url=served.url, timeout=30) as client:
         ids = client.post("/tokenize", json={"prompt": "hello"}).json()["tokens"]
@@ -118,6 +172,25 @@ def test_tokenize_round_trip(served: Served) -> None:
         assert refused.status_code == 400 and "token ids" in refused.json()["error"]["message"]
         too_long = client.post("/v1/completions", json={"prompt": [1] * 510, "max_tokens": 5})
         assert too_long.status_code == 400 and "max length 512" in too_long.json()["error"]["message"]
+
+
+def test_the_backend_tokenizes_text_only_when_the_round_trip_verifies(served: Served) -> None:
+    async def run() -> tuple[list[int], str, str]:
+        backend = HttpBackend(served.url, HttpOptions(attempts=2, backoff_s=0.05))
+        try:
+            ids = await backend.tokenize("hello")
+            with pytest.raises(TokenizerMismatchError) as disagreeing:
+                await backend.tokenize("hel`lo")  # "`" encodes to id 0, which decodes to nothing
+            with pytest.raises(TokenizerMismatchError) as refused:
+                await backend.tokenize("hello world")  # " " encodes to a negative id
+            return ids, str(disagreeing.value), str(refused.value)
+        finally:
+            await backend.close()
+
+    ids, disagreeing, refused = asyncio.run(run())
+    assert ids == CharTokenizer().encode("hello")
+    assert "detokenize to 'hello'" in disagreeing and "token ids" in disagreeing
+    assert "refuses the prompt" in refused
 
 
 def test_weights_update_refuses_a_wrong_sha256_and_stamps_the_new_version(

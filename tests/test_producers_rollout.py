@@ -63,9 +63,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert code == 0, f"rollstream serve exited {code} on SIGTERM"
 
 
-@pytest.fixture
-def env(admin: AdminClient, bootstrap_servers: str) -> Iterator[RolloutEnv]:
-    rollout = RolloutEnv(admin, bootstrap_servers)
+@pytest.fixture(params=[1])
+def env(request: pytest.FixtureRequest, admin: AdminClient, bootstrap_servers: str) -> Iterator[RolloutEnv]:
+    """Task topics of `request.param` partitions each (1 unless a test parametrizes it indirectly)."""
+    rollout = RolloutEnv(admin, bootstrap_servers, task_partitions=request.param)
     yield rollout
     rollout.close()
 
@@ -81,6 +82,7 @@ def groups_by_task(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, lis
     return out
 
 
+@pytest.mark.parametrize("env", [4], indirect=True)  # one queue of 8 slots over 8 task partitions
 def test_200_tasks_of_two_priorities_become_one_group_each_exactly_as_the_server_answered(
     env: RolloutEnv, served: Served
 ) -> None:
@@ -333,3 +335,64 @@ def test_max_lag_gates_starts_and_a_stop_requeues_the_generation_in_flight(env: 
     # The zero-length span of a non-exact sample is left out; its tokens belong to the older version.
     assert {(s["policy_version"], s["version_spans"] is None) for s in samples} == {(4, True)}
     assert Counter(s["response_text"] for s in samples) == {"def": 2}
+
+
+def test_text_prompts_go_through_the_servers_tokenizer_and_a_disagreeing_one_is_a_dead_letter(
+    env: RolloutEnv, served: Served
+) -> None:
+    text = {"prompt_tokens": None, "tokenizer": "char"}
+    env.submit(
+        [
+            task_row("text-ok", [], prompt_text="cab", **text),
+            task_row("text-bad", [], prompt_text="ca`b", priority="high", **text),  # "`" is id 0: eos
+        ]
+    )
+    stats = run_worker(
+        env, served.url, until=lambda s: s.done + s.dead >= 2, within_s=45, queue_options={"max_attempts": 3}
+    )
+    assert (stats.started, stats.done, stats.dead, stats.failed) == (2, 1, 1, 0)  # dead on attempt 1
+    (letter,) = env.dead_letters(1)
+    assert (letter.reason, letter.attempts, letter.task_id) == ("failed", 1, "text-bad")
+    assert "detokenize to 'cab'" in letter.error
+    samples = env.samples(2)
+    assert {s["task_id"] for s in samples} == {"text-ok"}
+    assert all(tokens(s, "prompt_tokens") == CharTokenizer().encode("cab") for s in samples)
+
+
+class Updating:
+    """A backend whose weights move from `version` to `version + 1` during its first request."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.calls = 0
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[GeneratedSample]:
+        self.calls += 1
+        if self.calls == 1:
+            spans = [VersionSpan(0, 2, self.version), VersionSpan(2, 3, self.version + 1)]
+            self.version += 1
+        else:
+            spans = [VersionSpan(0, 3, self.version)]
+        sample = GeneratedSample([4, 5, 6], [-0.5] * 3, "length", spans, "processed", params, "def", True)
+        return [sample] * params.n
+
+    async def current_version(self) -> int:
+        return self.version
+
+    async def model_info(self) -> ModelInfo:
+        return ModelInfo(vocab_size=27, weight_version=self.version)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_abort_on_a_weight_change_requeues_the_task_without_using_an_attempt(env: RolloutEnv) -> None:
+    env.submit([task_row("moved", [1])])
+    backend = Updating(version=3)
+    stats = run_worker(env, backend, until=lambda s: s.done >= 1, within_s=30, on_weight_change="abort")
+    assert (stats.started, stats.requeued, stats.done, stats.failed) == (2, 1, 1, 0)
+    events = [(e["event"], e["attempt"]) for e in env.outcomes("moved")]
+    assert events == [("started", 1), ("requeued", 1), ("started", 1), ("done", 1)], events
+    samples = env.samples(2)
+    assert {(s["task_id"], s["attempt"], s["policy_version"]) for s in samples} == {("moved", 1, 4)}
+    assert all(s["version_spans"] is None for s in samples)  # only the retry's one-version samples

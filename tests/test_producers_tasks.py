@@ -67,7 +67,7 @@ def _row(task_id: str, priority: int | str = 0, **changes: Any) -> dict[str, Any
 class TaskEnv:
     """Fresh task topics named like infra/topics.toml's, a provisioned share group, and helpers."""
 
-    def __init__(self, admin: AdminClient, bootstrap_servers: str) -> None:
+    def __init__(self, admin: AdminClient, bootstrap_servers: str, *, partitions: int = 1) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.prefix = f"test-tasks-{uuid.uuid4().hex[:10]}"
         self.topics = TaskTopics.named(
@@ -75,7 +75,10 @@ class TaskEnv:
         )
         self.group = self.prefix
         self.names = [*self.topics.classes.values(), self.topics.dead_letters, self.topics.outcomes]
-        futures = admin.create_topics([NewTopic(name, 1, 1) for name in self.names])
+        task_topics = set(self.topics.classes.values())
+        futures = admin.create_topics(
+            [NewTopic(name, partitions if name in task_topics else 1, 1) for name in self.names]
+        )
         for future in futures.values():
             future.result(timeout=30)
         config = {
@@ -144,9 +147,10 @@ class TaskEnv:
         return letters
 
 
-@pytest.fixture
-def env(admin: AdminClient, bootstrap_servers: str) -> Iterator[TaskEnv]:
-    tasks = TaskEnv(admin, bootstrap_servers)
+@pytest.fixture(params=[1])
+def env(request: pytest.FixtureRequest, admin: AdminClient, bootstrap_servers: str) -> Iterator[TaskEnv]:
+    """Task topics of `request.param` partitions each (1 unless a test parametrizes it indirectly)."""
+    tasks = TaskEnv(admin, bootstrap_servers, partitions=request.param)
     yield tasks
     for queue in tasks.queues:
         with contextlib.suppress(Exception):
@@ -299,6 +303,30 @@ def test_tasks_are_taken_once_acknowledged_and_counted(env: TaskEnv) -> None:
         "high": {"priority": "high", **expected},
         "low": {"priority": "low", **expected, "submitted": 11, "done": 11},
     }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env", [4], indirect=True)
+def test_a_queue_of_several_slots_serves_tasks_on_every_partition(env: TaskEnv) -> None:
+    rows = [_row(f"p{i:02d}", priority=i % 2) for i in range(48)]
+    env.submit(rows)
+    queue = env.queue(slots=4)
+    done: list[str] = []
+    partitions: set[tuple[str, int]] = set()
+    end = time.monotonic() + 60
+    while len(done) < len(rows) and time.monotonic() < end:
+        taken = queue.take(4, timeout=1.0)
+        for lease in taken:  # settled at once: open leases stay below the slots
+            assert lease.attempt == 1
+            lease.done()
+            done.append(lease.task_id)
+            partitions.add(lease.coordinates[:2])
+    assert sorted(done) == sorted(row["task_id"] for row in rows), f"{len(done)} of {len(rows)} taken"
+    assert len(partitions) == 8  # 4 partitions of each class held tasks, and each was served
+    assert queue.stats.stale == 0 and queue.stats.dead == 0
+    counts = env.status()
+    assert (counts["high"]["done"], counts["low"]["done"]) == (24, 24)
+    assert counts["high"]["pending"] + counts["low"]["pending"] == 0
 
 
 @pytest.mark.timeout(90)

@@ -156,6 +156,10 @@ def process(
         ),
     ] = None,
     worker_index: Annotated[int | None, typer.Option("--worker-index", hidden=True)] = None,
+    task_window: Annotated[
+        int | None,
+        typer.Option("--task-window", help="completed task ids remembered per partition (default: settings)"),
+    ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
 ) -> int:
     # Until the worker installs its own handlers, a stop request ends the command cleanly: nothing
@@ -198,6 +202,7 @@ def process(
         group_wall_timeout_s=group_wall_timeout,
         domain_decay=domain_decay,
         domain_warmup=domain_warmup,
+        task_window=settings.task_window if task_window is None else task_window,
         commit_bytes=commit_mb * 2**20,
         commit_interval_s=commit_interval,
         session_timeout_s=session_timeout,

@@ -45,7 +45,7 @@ def rollout(
         ),
     ] = None,
     dialect: Annotated[
-        Literal["openai", "sglang"], typer.Option("--dialect", help="the server's API")
+        Literal["openai", "generate", "sglang"], typer.Option("--dialect", help="the server's API")
     ] = "openai",
     server_version: Annotated[
         int | None,
@@ -120,7 +120,7 @@ async def _work(
     policy: str | None,
     vocab_size: int | None,
     tokenizer_spec: str | None,
-    dialect: Literal["openai", "sglang"],
+    dialect: Literal["openai", "generate", "sglang"],
     server_version: int | None,
     concurrency: int,
     max_lag: int | None,
@@ -224,7 +224,7 @@ def _backend(
     policy: str | None,
     vocab_size: int | None,
     tokenizer: Any,
-    dialect: Literal["openai", "sglang"],
+    dialect: Literal["openai", "generate", "sglang"],
     server_version: int | None,
 ) -> Any:
     """An `HttpBackend` for a URL, or a `TorchBackend` over `consumers.policies.load_policy`."""

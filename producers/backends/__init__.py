@@ -16,6 +16,7 @@ from producers.backends.exceptions import (
     InvalidRequestError,
     LogprobModeError,
     RetryableGenerationError,
+    TokenizerMismatchError,
     WeightsError,
 )
 from producers.backends.http import HttpBackend, HttpOptions
@@ -38,6 +39,7 @@ __all__ = [
     "RetryableGenerationError",
     "SamplingParams",
     "Tokenizer",
+    "TokenizerMismatchError",
     "TorchBackend",
     "VersionSpan",
     "WeightsError",

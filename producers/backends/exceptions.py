@@ -29,12 +29,19 @@ class BadResponseError(GenerationError):
 
 
 class InvalidRequestError(GenerationError):
-    """The request cannot be served as asked: the server refused it (4xx), or the prompt or the
-    sampling parameters are out of the model's range."""
+    """The request cannot be served as asked: the server refused it (4xx, its code in `status`), or
+    the prompt or the sampling parameters are out of the model's range."""
+
+    status: int | None = None
 
 
 class LogprobModeError(InvalidRequestError):
     """The server reports raw logprobs, which are not the sampling logprobs under these settings."""
+
+
+class TokenizerMismatchError(InvalidRequestError):
+    """A text prompt's tokenization does not round-trip (its ids detokenize to other text), or the
+    task names a tokenizer other than the model's: no attempt can succeed, so the task is dead."""
 
 
 class WeightsError(ProducerError):

@@ -31,11 +31,13 @@ from producers.backends.exceptions import (
     InvalidRequestError,
     LogprobModeError,
     RetryableGenerationError,
+    TokenizerMismatchError,
 )
 from producers.backends.responses import (
     Choice,
     check_choice,
     completion_choices,
+    generate_choices,
     model_card,
     sglang_choices,
     version_field,
@@ -43,8 +45,12 @@ from producers.backends.responses import (
 
 log = logging.getLogger(__name__)
 
-Dialect = Literal["openai", "sglang"]
-_INFO_PATH: dict[Dialect, str] = {"openai": "/v1/models", "sglang": "/get_model_info"}
+Dialect = Literal["openai", "generate", "sglang"]
+_INFO_PATH: dict[Dialect, str] = {
+    "openai": "/v1/models",
+    "generate": "/v1/models",
+    "sglang": "/get_model_info",
+}
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,9 @@ class HttpOptions:
     """How an `HttpBackend` talks to its server.
 
     Attributes:
-        dialect: "openai" posts `/v1/completions` (vLLM, `rollstream serve`); "sglang" posts `/generate`.
+        dialect: "openai" posts `/v1/completions` (vLLM, `rollstream serve`); "generate" posts
+            vLLM's tokens-in/tokens-out `/inference/v1/generate` (vLLM, `rollstream serve`), whose
+            choices may state `weight_versions` per token range; "sglang" posts `/generate`.
         model: the served model's name; None takes the first of `/v1/models` (openai dialect).
         logprob_mode: what the server's logprobs are of. "auto" believes the server's model card
             (`logprob_mode`, which `rollstream serve` reports) and otherwise assumes "raw", as vLLM
@@ -86,7 +94,9 @@ class HttpOptions:
 
     def __post_init__(self) -> None:
         if self.dialect not in _INFO_PATH:
-            raise ValueError(f"dialect must be 'openai' or 'sglang', got dialect={self.dialect!r}")
+            raise ValueError(
+                f"dialect must be 'openai', 'generate' or 'sglang', got dialect={self.dialect!r}"
+            )
         if self.max_in_flight < 1 or self.attempts < 1:
             raise ValueError(
                 f"max_in_flight and attempts must be >= 1, got {self.max_in_flight} and {self.attempts}"
@@ -245,6 +255,24 @@ class HttpBackend:
             return sglang_choices(
                 await self._call("POST", "/generate", body), where=f"{self.base_url}/generate"
             )
+        if self.options.dialect == "generate":
+            sampling = {
+                "n": n,
+                "max_tokens": params.max_tokens,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "logprobs": 0,
+                "stop_token_ids": list(params.stop_token_ids),
+            }
+            if params.top_k is not None:
+                sampling["top_k"] = params.top_k
+            if seed is not None:
+                sampling["seed"] = seed
+            body = {"token_ids": prompt, "sampling_params": sampling}
+            if model := await self._model_name():
+                body["model"] = model
+            path = "/inference/v1/generate"
+            return generate_choices(await self._call("POST", path, body), where=f"{self.base_url}{path}")
         request: dict[str, Any] = {
             "prompt": prompt,
             "n": n,
@@ -264,20 +292,64 @@ class HttpBackend:
         path = "/v1/completions"
         return completion_choices(await self._call("POST", path, request), where=f"{self.base_url}{path}")
 
+    async def tokenize(self, text: str) -> list[int]:
+        """A text prompt's ids from the server's `/tokenize`, kept only if `/detokenize` gives the text back.
+
+        Raises:
+            TokenizerMismatchError: the server's tokenizer refuses the text (HTTP 400), or its ids
+                detokenize to other text; the task cannot succeed on any attempt.
+            InvalidRequestError: the server has no tokenize endpoint, or answered it with garbage.
+            RetryableGenerationError: the server is unavailable for now.
+        """
+        where = f"{self.base_url}/tokenize"
+        try:
+            ids, back = await self._round_trip(text)
+        except (RetryableGenerationError, TokenizerMismatchError):
+            raise
+        except InvalidRequestError as exc:
+            if exc.status not in (400, 422):
+                raise InvalidRequestError(
+                    f"{where} cannot tokenize the prompt ({exc}); start the server with its tokenizer "
+                    "(vLLM serves /tokenize and /detokenize; rollstream serve needs --tokenizer), give the "
+                    "worker --tokenizer FILE, or submit the task with token ids"
+                ) from exc
+            raise TokenizerMismatchError(
+                f"{where}: the server's tokenizer refuses the prompt {text!r:.80} ({exc}); submit the task "
+                "with the model's token ids"
+            ) from exc
+        except GenerationError as exc:
+            raise InvalidRequestError(
+                f"{where} cannot tokenize the prompt ({exc}); start the server with its tokenizer "
+                "(vLLM serves /tokenize and /detokenize; rollstream serve needs --tokenizer), give the "
+                "worker --tokenizer FILE, or submit the task with token ids"
+            ) from exc
+        if back != text:
+            raise TokenizerMismatchError(
+                f"{where}: the prompt's {len(ids)} ids detokenize to {back!r:.80} rather than the prompt "
+                f"{text!r:.80}: the server's tokenizer cannot represent this text exactly; submit the task "
+                "with the model's token ids"
+            )
+        return ids
+
+    async def _round_trip(self, text: str) -> tuple[list[int], str | None]:
+        """`text` through `/tokenize` and its ids back through `/detokenize`, unchecked."""
+        extra = {"model": self._model} if self._model else {}
+        tokenized = await self._call(
+            "POST", "/tokenize", {"prompt": text, "add_special_tokens": False, **extra}
+        )
+        ids = tokenized.get("tokens") if isinstance(tokenized, dict) else None
+        if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
+            raise BadResponseError(f"/tokenize answered {tokenized!r:.200}, not {{'tokens': [ids]}}")
+        detokenized = await self._call("POST", "/detokenize", {"tokens": ids, **extra})
+        back = detokenized.get("prompt") if isinstance(detokenized, dict) else None
+        return [int(t) for t in ids], back if isinstance(back, str) else None
+
     async def _recover_ids(self, choice: Choice, where: str) -> list[int]:
         fix = "ask the server for token ids (vLLM: return_token_ids; SGLang: output_ids)"
         if choice.text is None:
             raise BadResponseError(f"{where}: the server sent neither token ids nor text; {fix}")
-        extra = {"model": self._model} if self._model else {}
         try:
-            tokenized = await self._call(
-                "POST", "/tokenize", {"prompt": choice.text, "add_special_tokens": False, **extra}
-            )
-            ids = tokenized.get("tokens") if isinstance(tokenized, dict) else None
-            if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
-                raise BadResponseError(f"/tokenize answered {tokenized!r:.200}, not {{'tokens': [ids]}}")
-            detokenized = await self._call("POST", "/detokenize", {"tokens": ids, **extra})
-            text = detokenized.get("prompt") if isinstance(detokenized, dict) else None
+            ids, text = await self._round_trip(choice.text)
         except RetryableGenerationError:
             raise
         except GenerationError as exc:
@@ -291,7 +363,7 @@ class HttpBackend:
                 f"{'equal to' if text == choice.text else 'different from'} the sample's; refusing to "
                 f"guess the tokens; {fix}"
             )
-        return [int(t) for t in ids]
+        return ids
 
     async def _logprob_mode(self) -> LogprobMode:
         if self._mode is None:
@@ -347,9 +419,11 @@ class HttpBackend:
         if status >= 500 or status == 429:
             raise RetryableGenerationError(f"{method} {url}: HTTP {status}: {response.text[:300]}")
         if status >= 400:
-            raise InvalidRequestError(
+            refused = InvalidRequestError(
                 f"{method} {url}: the server refused the request with HTTP {status}: {response.text[:300]}"
             )
+            refused.status = status
+            raise refused
         try:
             return response.json()
         except ValueError as exc:

@@ -1,6 +1,7 @@
 """Reading servers' generation answers into choices, checking every field instead of assuming it.
 
-Two dialects: OpenAI completions (vLLM, `rollstream serve`) and SGLang's native `/generate`.
+Three dialects: OpenAI completions (vLLM, `rollstream serve`), vLLM's tokens-in/tokens-out
+`/inference/v1/generate` (vLLM, `rollstream serve`) and SGLang's native `/generate`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,47 @@ def completion_choices(body: Any, *, where: str) -> list[Choice]:
                 logprobs=_floats(logprobs["token_logprobs"], at=f"{at} logprobs"),
                 finish_reason=_finish(choice.get("finish_reason"), at=at),
                 text=_text(choice.get("text"), at=at),
+                spans=_spans(choice.get("weight_versions"), at=at),
+                logprob_mode=_mode(choice.get("logprob_mode"), at=at),
+            )
+        )
+    return choices
+
+
+def generate_choices(body: Any, *, where: str) -> list[Choice]:
+    """The choices of a vLLM `/inference/v1/generate` answer, in index order.
+
+    Each choice has `token_ids`, `logprobs.content` (one `{"logprob": ...}` per token, chat style)
+    and `finish_reason`; `weight_versions` ([[start, end, version], ...]) when the server states
+    which weights made which token range.
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        raise BadResponseError(f"{where}: the answer has no 'choices' list: {_preview(body)}")
+    raw = body["choices"]
+    if all(isinstance(c, dict) and isinstance(c.get("index"), int) for c in raw):
+        raw = sorted(raw, key=lambda c: c["index"])
+    choices = []
+    for i, choice in enumerate(raw):
+        at = f"{where}: choice {i}"
+        if not isinstance(choice, dict):
+            raise BadResponseError(f"{at} is not an object: {_preview(choice)}")
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if not isinstance(content, list) or any(
+            not isinstance(c, dict) or "logprob" not in c for c in content
+        ):
+            raise BadResponseError(
+                f"{at} has no logprobs.content [{{'logprob': ...}}, ...]: ask with "
+                "sampling_params.logprobs = 0 (the sampled token's logprob)"
+            )
+        ids = _ids(choice.get("token_ids"), at=f"{at} token_ids")
+        if ids is None:
+            raise BadResponseError(f"{at} has no token_ids: a tokens-out server must return them")
+        choices.append(
+            Choice(
+                token_ids=ids,
+                logprobs=_floats([c["logprob"] for c in content], at=f"{at} logprobs"),
+                finish_reason=_finish(choice.get("finish_reason"), at=at),
                 spans=_spans(choice.get("weight_versions"), at=at),
                 logprob_mode=_mode(choice.get("logprob_mode"), at=at),
             )

@@ -76,17 +76,18 @@ class Lease:
         """
         self._queue._done(self)
 
-    def fail(self, error: str) -> State:
+    def fail(self, error: str, *, final: bool = False) -> State:
         """The attempt failed: release the task for a retry, or after the last attempt dead-letter it.
 
         Returns 'released' or 'dead'. A release counts as an attempt; use `requeue` for a stop
-        that is not the task's fault.
+        that is not the task's fault. `final` dead-letters the task now, for a failure no attempt
+        can mend (a text prompt whose tokenizer disagrees with the model's).
 
         Raises:
             LeaseExpiredError: the lock ran out first; the task will be delivered again.
             PublishError: the dead letter was not acknowledged; the task was released instead.
         """
-        return self._queue._fail(self, error)
+        return self._queue._fail(self, error, final=final)
 
     def requeue(self) -> None:
         """Put the task back without using an attempt (a clean stop, an abort on a weight update).

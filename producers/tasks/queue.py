@@ -8,6 +8,8 @@ again until every record of its last poll is acknowledged, hence one consumer pe
 that returned nothing leaves the consumer fetching in the background, so it may hold one record
 when next polled, which the queue hands out or, if too little of its lock is left, requeues; and
 the broker leases whole record batches, hence one task per batch (`producers.tasks.sending`).
+The share group assigns each consumer its own partitions, so a take polls every free consumer of
+a class, and a keeper thread collects background fetches between calls.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -54,6 +56,8 @@ TRANSIT_S = 1.0
 """A fetch response reaches the client within this of the broker locking its records, so a record
 a consumer holds was locked no earlier than this before the consumer's last empty poll."""
 COMMIT_TIMEOUT_S = 30.0
+KEEP_S = 0.25
+"""How often the keeper collects what consumers fetched in the background between calls."""
 
 
 @dataclass
@@ -86,6 +90,7 @@ class _Member:
         self.unsettled = 0
         self.armed_since: float | None = None
         self.empty_poll_at = 0.0
+        self.polled_at = 0.0
 
     @property
     def free(self) -> bool:
@@ -99,10 +104,11 @@ class TaskQueue:
     at least once in `low_every` starts while it has tasks waiting. A lease is settled with
     `Lease.done`, `Lease.fail` or `Lease.requeue`. Every step is written to the outcome log;
     malformed or invalid tasks and tasks out of attempts become task dead letters and are never
-    handed out. Records consumers fetched in the background are collected at every take and
-    settlement: do one more often than the lock less the longest deadline, or such a record's
-    lock may run out unstarted (a delivery used). `close` requeues whatever is still open or
-    held. Thread-safe (one lock around the consumers, which are not).
+    handed out. Records consumers fetched in the background are collected every KEEP_S by a
+    keeper thread (and at every take and settlement) and held for the next take; a held record
+    whose lock has less than its task's deadline left is requeued (no attempt used). `close`
+    requeues whatever is still open or held. Thread-safe (one lock around the consumers, which
+    are not).
 
     Args:
         bootstrap_servers: the Kafka brokers.
@@ -170,6 +176,9 @@ class TaskQueue:
                 consumer = ShareConsumer({**config, "client.id": f"{self.worker_id}-{topic}-{slot}"})
                 consumer.subscribe([topic])
                 self._members[priority].append(_Member(consumer, priority))
+        self._stopping = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, name=f"task-queue-keeper-{group}", daemon=True)
+        self._keeper.start()
 
     @property
     def open_leases(self) -> int:
@@ -199,7 +208,7 @@ class TaskQueue:
             self._drain()
             out: list[Lease] = []
             while len(out) < room:
-                lease = self._next(hurry=bool(out))
+                lease = self._next(hurry=bool(out), end=end)
                 if lease is not None:
                     out.append(lease)
                     continue
@@ -220,6 +229,7 @@ class TaskQueue:
         with self._lock:
             if self._closed:
                 return
+            self._stopping.set()
             closed: set[int] = set()
             try:
                 self._drain()
@@ -260,10 +270,10 @@ class TaskQueue:
             self._flush_outcomes()
             self._drain()
 
-    def _fail(self, lease: Lease, error: str) -> State:
+    def _fail(self, lease: Lease, error: str, *, final: bool = False) -> State:
         with self._lock:
             self._check_open(lease)
-            if lease.attempt < self.max_attempts:
+            if lease.attempt < self.max_attempts and not final:
                 self._settle(lease, AcknowledgeType.RELEASE, "released")
                 self._event("released", lease, error)
                 self._flush_outcomes()
@@ -356,38 +366,83 @@ class TaskQueue:
 
     # Getting records.
 
-    def _next(self, *, hurry: bool) -> Lease | None:
-        """The next lease by priority: a held one, else one polled from a free consumer.
+    def _next(self, *, hurry: bool, end: float) -> Lease | None:
+        """The next lease by priority: a held one, else one polled from the class's free consumers.
 
-        A consumer's first poll waits up to SETTLE_S for its fetch unless `hurry` (a lease is at
-        hand already): then what it fetches is held for the next take.
+        Every free consumer of a class is polled, least recently polled first: the share group
+        assigns each consumer its own partitions, so a task waits on the one consumer that owns
+        its partition. A consumer that has not fetched yet is started with a poll of no wait; if
+        some have fetched for less than SETTLE_S, the queue waits out one of them unless `hurry`
+        (a lease is at hand already), in which case it returns None rather than let a lower class
+        jump the queue; what they fetch meanwhile is held for the next take. No wait outlasts `end`.
         """
         for priority in self._scheduler.order():
             held = next((lease for lease in self._held if lease.priority == priority), None)
             if held is not None:
                 self._held.remove(held)
                 return held
-            member = self._free(priority)
-            if member is None:
+            members = self._free(priority)
+            lease = self._poll_each(members, lambda m: m.armed_since is None or self._settled(m))
+            if lease is not None:
+                return lease
+            settling = [m for m in members if m.armed_since is not None and not self._settled(m)]
+            if not settling:
                 continue
-            armed = member.armed_since is not None and time.monotonic() - member.armed_since >= SETTLE_S
-            leases = self._poll(member, 0.0 if armed or hurry else SETTLE_S)
+            if hurry:
+                return None
+            first = settling[0]
+            assert first.armed_since is not None
+            now = time.monotonic()
+            wait = max(0.0, min(first.armed_since + SETTLE_S, end) - now)
+            lease = self._poll_each([first], lambda m: True, wait)
+            lease = lease or self._poll_each(settling[1:], self._settled)
+            if lease is not None or not self._settled(first):
+                return lease  # None when `end` cut the wait short: no lower class jumps the queue
+        return None
+
+    def _poll_each(
+        self, members: list[_Member], which: Callable[[_Member], bool], wait: float = 0.0
+    ) -> Lease | None:
+        """Poll the members `which` accepts until one yields a lease; extra leases are held."""
+        for member in members:
+            if not which(member):
+                continue
+            leases = self._poll(member, wait)
             if leases:
                 self._held.extend(leases[1:])
                 self.stats.held += len(leases) - 1
                 return leases[0]
-            if hurry and not armed:
-                return None  # its fetch has only begun: a lower class now could jump the queue
         return None
+
+    @staticmethod
+    def _settled(member: _Member) -> bool:
+        """The member has fetched in the background for at least SETTLE_S."""
+        return member.armed_since is not None and time.monotonic() - member.armed_since >= SETTLE_S
 
     def _idle(self, wait: float) -> None:
         """Wait for tasks on the class tried first; what arrives is held for the next round."""
         for priority in self._scheduler.order():
-            member = self._free(priority)
-            if member is not None:
-                self._held.extend(self._poll(member, wait))
+            members = self._free(priority)
+            if members:
+                self._held.extend(self._poll(members[0], wait))
                 return
         time.sleep(wait)
+
+    def _keep(self) -> None:
+        """Collect background fetches every KEEP_S, so a held record's lock is bounded tightly.
+
+        A record a consumer fetched in the background was locked no earlier than that consumer's
+        last empty poll; polling every KEEP_S keeps that bound close to the truth whatever the
+        caller's rhythm, and requeues held records before their locks run out.
+        """
+        while not self._stopping.wait(KEEP_S):
+            with self._lock:
+                if self._closed:
+                    return
+                try:
+                    self._drain()
+                except (PublishError, TaskQueueError, LeaseExpiredError) as exc:
+                    log.warning("task queue keeper: %s", exc)
 
     def _drain(self) -> None:
         """Collect what consumers fetched in the background; requeue held leases gone stale."""
@@ -403,13 +458,12 @@ class TaskQueue:
                 self._held.remove(lease)
                 self._requeue(lease, reason="held too long before a start")
 
-    def _free(self, priority: int) -> _Member | None:
-        free = [m for m in self._members[priority] if m.free]
-        armed = [m for m in free if m.armed_since is not None]
-        return (armed or free)[0] if free else None
+    def _free(self, priority: int) -> list[_Member]:
+        """The class's consumers that hold nothing, least recently polled first."""
+        return sorted((m for m in self._members[priority] if m.free), key=lambda m: m.polled_at)
 
     def _poll(self, member: _Member, wait: float) -> list[Lease]:
-        started = time.monotonic()
+        started = member.polled_at = time.monotonic()
         messages = member.consumer.poll(wait)
         self.stats.polls += 1
         records = [message for message in messages if message.error() is None]
