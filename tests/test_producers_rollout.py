@@ -272,10 +272,11 @@ def test_a_multi_turn_episode_masks_the_environments_tokens_out_of_the_loss(
         response, logprobs = tokens(sample, "response_tokens"), tokens(sample, "response_logprobs", "<f4")
         mask = np.frombuffer(sample["loss_mask"], dtype=np.uint8).tolist()
         turn = len(first["token_ids"])
-        (second,) = logged[(*prompt, *first["token_ids"], *ENV_TOKENS)]  # the next turn's request
-        assert response == first["token_ids"] + ENV_TOKENS + second[0]["token_ids"]
-        assert logprobs == first["logprobs"] + [0.0, 0.0] + second[0]["logprobs"]
-        assert mask == [1] * turn + [0, 0] + [1] * len(second[0]["token_ids"])
+        # The next turn's request; two samples whose first turns drew the same tokens share its prompt.
+        seconds = [request[0] for request in logged[(*prompt, *first["token_ids"], *ENV_TOKENS)]]
+        second = next(s for s in seconds if response == first["token_ids"] + ENV_TOKENS + s["token_ids"])
+        assert logprobs == first["logprobs"] + [0.0, 0.0] + second["logprobs"]
+        assert mask == [1] * turn + [0, 0] + [1] * len(second["token_ids"])
         assert sample["version_spans"] is None and sample["policy_version"] == 0
     assert sorted(call[1] for call in echo.calls) == [0, 1]
 
