@@ -149,7 +149,9 @@ class MetricsServer:
         return int(self._server.server_address[1])
 
     def start(self) -> MetricsServer:
-        """Serve in the background; returns self."""
+        """Serve in the background (once; again is a no-op); returns self."""
+        if self._thread.is_alive():
+            return self
         self._thread.start()
         log.info("metrics at http://%s:%d/metrics, health at /health", *self._server.server_address[:2])
         return self
