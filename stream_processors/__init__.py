@@ -33,6 +33,7 @@ _WHERE = {
     "TokenArrays": "stream_processors.validation",
     "validate": "stream_processors.validation",
     "run_worker": "stream_processors.worker",
+    "WorkerOptions": "stream_processors.worker_options",
 }
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "SourceMessage",
     "Stage",
     "TokenArrays",
+    "WorkerOptions",
     "create_app",
     "run_worker",
     "table_uri",
@@ -89,3 +91,4 @@ if TYPE_CHECKING:
     from stream_processors.stage import BatchStats, Stage
     from stream_processors.validation import TokenArrays, validate
     from stream_processors.worker import run_worker
+    from stream_processors.worker_options import WorkerOptions

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -169,6 +169,8 @@ class DeadLetters:
         self._producer: Producer | None = None
         self._closed = False
         self._acknowledged: set[Coordinates] = set()
+        self.on_stored: Callable[[Sequence[DeadLetter]], None] = lambda _: None
+        """Called with the letters each write stored (not those already stored): the worker's metrics."""
         config: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
             "enable.idempotence": True,
@@ -203,9 +205,10 @@ class DeadLetters:
                 f"{len(letters)} dead letters arrived after DeadLetters.close(): a bug in the caller"
             )
         coordinates = [d.coordinates for d in letters]
+        fresh: list[DeadLetter] = []
 
         def build(keep: list[int]) -> pa.Table:
-            fresh = [letters[i] for i in keep]
+            fresh[:] = [letters[i] for i in keep]
             self._produce([d for d in fresh if d.coordinates not in self._acknowledged])
             return dead_letters_table(fresh)
 
@@ -214,6 +217,8 @@ class DeadLetters:
         else:
             written = self.table.append(coordinates, build)
         self._acknowledged.difference_update(coordinates)
+        if written:
+            self.on_stored(fresh)
         return written
 
     def stored_letters(

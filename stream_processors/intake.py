@@ -87,6 +87,7 @@ class Intake:
         self._generation: dict[TopicPartition, int] = {}
         self._assigned: set[TopicPartition] = set()
         self._committed: dict[TopicPartition, int] = {}
+        self._log_end: dict[TopicPartition, int] = {}
         self._paused = False
 
     # -- in the intake thread --------------------------------------------------------------------
@@ -142,6 +143,12 @@ class Intake:
         with self._lock:
             return set(self._assigned)
 
+    def log_ends(self) -> dict[TopicPartition, int]:
+        """Per assigned partition, its log-end offset as of the last fetch (librdkafka's cached high
+        watermark, read after each `take`); partitions not fetched yet are missing."""
+        with self._lock:
+            return dict(self._log_end)
+
     def commit(self, safe: Mapping[TopicPartition, int]) -> None:
         """Commit, asynchronously, the safe offsets of assigned partitions that moved forward (never 0:
         a partition with nothing stored keeps no committed offset)."""
@@ -191,11 +198,16 @@ class Intake:
             assigned = [KafkaPartition(t, p) for t, p in self._assigned]
         if not assigned:
             return None
-        total = 0
+        total: int | None = 0
         for position in consumer.position(assigned):
             _, high = consumer.get_watermark_offsets(position, cached=True)
-            if high < 0 or position.offset < 0:
-                return None  # not fetched yet
+            if high >= 0:
+                with self._lock:
+                    if (position.topic, position.partition) in self._assigned:
+                        self._log_end[(position.topic, position.partition)] = high
+            if high < 0 or position.offset < 0 or total is None:
+                total = None  # not fetched yet
+                continue
             total += max(0, high - position.offset)
         return total
 
@@ -233,6 +245,7 @@ class Intake:
         with self._lock:
             for tp in tps:
                 self._generation[tp] = self._generation.get(tp, 0) + 1
+                self._log_end.pop(tp, None)
             self._assigned.difference_update(tps)
         try:
             safe = self.on_revoke(tps)

@@ -24,6 +24,7 @@ from schemas.tables import RESCORES_SCHEMA
 from stream_processors.exceptions import InvalidRecordError, StreamProcessorError
 from stream_processors.offsets import table_uri
 from stream_processors.sandbox import SandboxPool
+from stream_processors.verifiers import Verifier
 from stream_processors.verifiers.domains import DomainVerifiers
 
 RESCORES_TABLE = "rescores"
@@ -70,6 +71,89 @@ def fetch_messages(
     return found
 
 
+def _stored_rows(source: str, version: int, domain: str, options: dict[str, str] | None) -> pl.DataFrame:
+    """The old verdicts and Kafka coordinates of `domain`'s rows at `version`."""
+    return (
+        pl.read_delta(source, version=version, storage_options=options)
+        .filter(pl.col("domain") == domain)
+        .select(
+            "trajectory_id",
+            "reward",
+            "verifier_status",
+            "verifier",
+            "verifier_version",
+            "topic",
+            "partition",
+            "offset",
+        )
+    )
+
+
+def _judge(
+    verifier: Verifier,
+    coords: list[tuple[str, int, int]],
+    raw: dict[tuple[str, int, int], bytes],
+    pool_size: int,
+) -> list[Any]:
+    """Each original message's new verdict (or its input error), judged on a sandbox pool."""
+    missing = [c for c in coords if c not in raw]
+    if missing:
+        raise StreamProcessorError(
+            f"{len(missing)} of {len(coords)} messages are no longer in Kafka (e.g. {missing[0]}): "
+            "re-scoring needs the original messages; rescore within the topics' retention"
+        )
+    codec = TrajectoryCodec()
+
+    def judge(coord: tuple[str, int, int]) -> Any:
+        try:
+            return verifier.verify(codec.decode(raw[coord]))
+        except InvalidRecordError as exc:
+            return exc
+
+    pool = SandboxPool(pool_size)
+    try:
+        return pool.map(judge, coords)
+    finally:
+        pool.close()
+
+
+def _rescores_table(
+    rows: pl.DataFrame,
+    verdicts: list[Any],
+    domain: str,
+    verifier: Verifier,
+    verifier_version: str,
+    version: int,
+    rescore_id: str,
+) -> pa.Table:
+    """The rescores rows: each old verdict beside its new one."""
+    now = datetime.now(UTC)
+    return pa.Table.from_pylist(
+        [
+            {
+                "trajectory_id": row["trajectory_id"],
+                "domain": domain,
+                "old_reward": row["reward"],
+                "old_status": row["verifier_status"],
+                "old_verifier": row["verifier"],
+                "old_verifier_version": row["verifier_version"],
+                "new_reward": 0.0 if isinstance(v, Exception) else v.reward,
+                "new_status": "error" if isinstance(v, Exception) else v.status,
+                "new_verifier": verifier.name,
+                "new_verifier_version": verifier_version,
+                "new_reward_components": []
+                if isinstance(v, Exception)
+                else list(v.reward_components.items()),
+                "source_table_version": version,
+                "rescore_id": rescore_id,
+                "rescored_at": now,
+            }
+            for row, v in zip(rows.iter_rows(named=True), verdicts, strict=True)
+        ],
+        schema=RESCORES_SCHEMA,
+    )
+
+
 def rescore(
     *,
     lake_dir: Path | str,
@@ -94,72 +178,17 @@ def rescore(
     version = (
         table_version if table_version is not None else DeltaTable(source, storage_options=options).version()
     )
-    spec = verifiers.domains[domain]
-    verifier = verifiers.build(spec, verifier_version)
-    rows = (
-        pl.read_delta(source, version=version, storage_options=options)
-        .filter(pl.col("domain") == domain)
-        .select(
-            "trajectory_id",
-            "reward",
-            "verifier_status",
-            "verifier",
-            "verifier_version",
-            "topic",
-            "partition",
-            "offset",
-        )
-    )
+    verifier = verifiers.build(verifiers.domains[domain], verifier_version)
+    rows = _stored_rows(source, version, domain, options)
     say(
         f"rescoring {rows.height} rows of {domain} (table version {version}) with {verifier.name} {verifier_version}"
     )
     coords = [(t, p, o) for t, p, o in rows.select("topic", "partition", "offset").iter_rows()]
-    raw = fetch_messages(bootstrap_servers, coords, kafka_client=kafka_client)
-    missing = [c for c in coords if c not in raw]
-    if missing:
-        raise StreamProcessorError(
-            f"{len(missing)} of {len(coords)} messages are no longer in Kafka (e.g. {missing[0]}): "
-            "re-scoring needs the original messages; rescore within the topics' retention"
-        )
-    codec = TrajectoryCodec()
-
-    def judge(coord: tuple[str, int, int]) -> Any:
-        try:
-            return verifier.verify(codec.decode(raw[coord]))
-        except InvalidRecordError as exc:
-            return exc
-
-    pool = SandboxPool(pool_size)
-    try:
-        verdicts = pool.map(judge, coords)
-    finally:
-        pool.close()
-    rescore_id = uuid.uuid4().hex
-    now = datetime.now(UTC)
-    table = pa.Table.from_pylist(
-        [
-            {
-                "trajectory_id": row["trajectory_id"],
-                "domain": domain,
-                "old_reward": row["reward"],
-                "old_status": row["verifier_status"],
-                "old_verifier": row["verifier"],
-                "old_verifier_version": row["verifier_version"],
-                "new_reward": 0.0 if isinstance(v, Exception) else v.reward,
-                "new_status": "error" if isinstance(v, Exception) else v.status,
-                "new_verifier": verifier.name,
-                "new_verifier_version": verifier_version,
-                "new_reward_components": []
-                if isinstance(v, Exception)
-                else list(v.reward_components.items()),
-                "source_table_version": version,
-                "rescore_id": rescore_id,
-                "rescored_at": now,
-            }
-            for row, v in zip(rows.iter_rows(named=True), verdicts, strict=True)
-        ],
-        schema=RESCORES_SCHEMA,
+    verdicts = _judge(
+        verifier, coords, fetch_messages(bootstrap_servers, coords, kafka_client=kafka_client), pool_size
     )
+    rescore_id = uuid.uuid4().hex
+    table = _rescores_table(rows, verdicts, domain, verifier, verifier_version, version, rescore_id)
     if table.num_rows:
         write_deltalake(table_uri(lake_dir, RESCORES_TABLE), table, mode="append", storage_options=options)
     changed = sum(

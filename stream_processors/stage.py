@@ -1,9 +1,11 @@
 """The synchronous heart of the stream stage: judged batches through groups, statistics and sinks.
 
-Kept free of Faust so it can be tested and benchmarked alone. app.py judges each lane's batches in
-the lane's own thread (`BatchProcessor.judge`) and runs `accept`, `tick` and `flush` in a single
-sink thread; after each it acks, per partition, the messages below `safe_offsets()`, so Kafka's
-committed offset never passes a message whose row or dead letter is not yet stored.
+Kept free of Faust so it can be tested and benchmarked alone. The worker (stream_worker.py) judges
+each lane's batches in the lane's own thread (`BatchProcessor.judge`) and runs `accept`, `tick`,
+`flush`, `revoke` and `assign` in its one sink thread; after each it acks, per partition, the
+messages below `safe_offsets()`, so Kafka's committed offset never passes a message whose row or
+dead letter is not yet stored. A Stage holds no lock: one thread drives its steps; `done`,
+`pending_groups` and single lookups of `state.partitions` are safe from other threads.
 
 Steps of `accept`:
   0. a trajectory re-sent (its trajectory_id already accepted in the recent offsets of its
@@ -21,7 +23,8 @@ Steps of `accept`:
      txn versions and the state (state.py) in one Delta commit. With `background_commits` (the
      worker's setting) a committer thread writes it while the next batches are accepted, one
      commit at a time; its rows count as safe only once it is stored.
-A failing write is retried with backoff (`write_retries` times). A failure of the host while
+A failing write is retried with exponential backoff by tenacity (`write_retries` times), each
+retry logged with its attempt, wait and error. A failure of the host while
 judging (TransientScoringError, raised by the processor) propagates: the worker stops unacked.
 See docs/operations.md for recovery.
 """
@@ -29,13 +32,15 @@ See docs/operations.md for recovery.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+import tenacity
 
 from stream_processors.advantages import NO_SIGNAL_STATUSES, GroupNormalization, Member, decide_group
 from stream_processors.attempts import DUPLICATE_ATTEMPT, MIXED_ATTEMPTS, refused
@@ -54,6 +59,9 @@ from stream_processors.task_window import DEFAULT_TASK_WINDOW
 
 log = logging.getLogger(__name__)
 
+MAX_RETRY_WAIT_S = 30.0
+"""The longest wait between two attempts of a failing write."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchStats:
@@ -68,6 +76,17 @@ class BatchStats:
     process_seconds: float = 0.0
     executions_written: int = 0
     duplicates: int = 0
+
+
+class StageObserver:
+    """What a Stage reports as it goes (the worker's metrics); this base ignores it. A method may
+    run in the committer thread as well as the sink thread."""
+
+    def committed(self, rows: int, nbytes: int, seconds: float) -> None:
+        """A commit of `rows` rows holding `nbytes` message bytes took `seconds` (its retries included)."""
+
+    def decided(self, status: str, samples: int) -> None:
+        """A group of `samples` samples was decided with `status` (groups.py: complete, timed_out, ...)."""
 
 
 @dataclass(slots=True)
@@ -108,6 +127,7 @@ class Stage:
             duplicate (dedup.py); 0 turns the rule off.
         task_window: completed task ids remembered per partition, within which another complete
             attempt of a task is a dead letter `duplicate_attempt` (attempts.py).
+        observer: told of each commit and each decided group; default none.
         background_commits: a due outbox is written by a committer thread while `accept` goes on
             with the next batches (one commit at a time; its rows stay unsafe until it is stored,
             and `accept`, `tick` and `flush` report its rows once it is). False writes it in the
@@ -133,6 +153,7 @@ class Stage:
         dedup_window: int = DEFAULT_WINDOW,
         task_window: int = DEFAULT_TASK_WINDOW,
         background_commits: bool = False,
+        observer: StageObserver | None = None,
     ) -> None:
         self.processor = processor
         self.sink = sink
@@ -156,13 +177,13 @@ class Stage:
         self._letters: list[DeadLetter] = []  # of decided groups, not yet written
         self._letter_coords: list[Coordinates] = []  # written since the last commit: its holes
         self._revoked: set[TopicPartition] = set()
-        self._lock = threading.Lock()
         self._committer = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-commit")
             if background_commits
             else None
         )
         self._committing: _Commit | None = None
+        self.observer: StageObserver = observer if observer is not None else StageObserver()
 
     # -- startup ---------------------------------------------------------------------------------
 
@@ -201,75 +222,72 @@ class Stage:
 
     def accept(self, batch: JudgedBatch, now: float | None = None, *, caught_up: bool = False) -> BatchStats:
         """Steps 1-4 of the module docstring for one judged batch; raises SinkError if a write keeps failing."""
-        with self._lock:
-            start = time.perf_counter()
-            now = time.monotonic() if now is None else now
-            if self._revoked:
-                batch = _without(batch, self._revoked)
-            # A partition first seen since start or since its assignment: read its newest state,
-            # since another worker of the group may have written it after our start-up load.
-            touched = {(c.topic, c.partition) for c in batch.coordinates}
-            fresh = touched - set(self._seen)
-            settled = 0
-            if fresh or any(tp not in self.recent for tp in touched):
-                settled = self._settle(wait=True)  # the table is read below: no commit under way
-            if fresh:
-                self.state.drop(fresh)
-                self.state.load(self.sink.table, fresh)
-                self.recent.drop(fresh)
-            for tp in touched:
-                if tp not in self.recent:
-                    self._load_recent(tp)
-            kept, duplicates = self._deduplicate(batch)
-            executions = 0
-            if self.executions is not None and batch.executions:
-                audit = self.executions
-                executions = self._retrying(
-                    "executions", lambda: audit.write(batch.executions, batch.execution_coordinates)
-                )
-            dead = [*batch.dead_letters, *duplicates]
-            letters = self._retrying("dead_letters", lambda: self.dead_letters.write(dead))
-            skipped = batch.skipped + len(batch.samples) - len(kept) - len(duplicates)
-            for sample, source in kept:
-                self._pending.add(sample.coordinates)
-                decided = self.groups.add(sample, now)
-                if decided is not None:
-                    self._decide(decided, now, source)
-            decided_letters = len(self._letters)
-            letters += self._write_letters()
-            for c in batch.coordinates:
-                tp = (c.topic, c.partition)
-                if c.offset > self._seen.get(tp, -1):
-                    self._seen[tp] = c.offset
-            rows = settled + self._maybe_commit(now, caught_up=caught_up)
-            return BatchStats(
-                records_in=len(batch.coordinates),
-                rows_written=rows,
-                dead_letters_written=letters,
-                rows_skipped=skipped,
-                dead_letters_skipped=len(dead) + decided_letters - letters,
-                seconds=time.perf_counter() - start + batch.seconds,
-                process_seconds=batch.seconds,
-                executions_written=executions,
-                duplicates=len(duplicates),
+        start = time.perf_counter()
+        now = time.monotonic() if now is None else now
+        if self._revoked:
+            batch = _without(batch, self._revoked)
+        # A partition first seen since start or since its assignment: read its newest state,
+        # since another worker of the group may have written it after our start-up load.
+        touched = {(c.topic, c.partition) for c in batch.coordinates}
+        fresh = touched - set(self._seen)
+        settled = 0
+        if fresh or any(tp not in self.recent for tp in touched):
+            settled = self._settle(wait=True)  # the table is read below: no commit under way
+        if fresh:
+            self.state.drop(fresh)
+            self.state.load(self.sink.table, fresh)
+            self.recent.drop(fresh)
+        for tp in touched:
+            if tp not in self.recent:
+                self._load_recent(tp)
+        kept, duplicates = self._deduplicate(batch)
+        executions = 0
+        if self.executions is not None and batch.executions:
+            audit = self.executions
+            executions = self._retrying(
+                "executions", lambda: audit.write(batch.executions, batch.execution_coordinates)
             )
+        dead = [*batch.dead_letters, *duplicates]
+        letters = self._retrying("dead_letters", lambda: self.dead_letters.write(dead))
+        skipped = batch.skipped + len(batch.samples) - len(kept) - len(duplicates)
+        for sample, source in kept:
+            self._pending.add(sample.coordinates)
+            decided = self.groups.add(sample, now)
+            if decided is not None:
+                self._decide(decided, now, source)
+        decided_letters = len(self._letters)
+        letters += self._write_letters()
+        for c in batch.coordinates:
+            tp = (c.topic, c.partition)
+            if c.offset > self._seen.get(tp, -1):
+                self._seen[tp] = c.offset
+        rows = settled + self._maybe_commit(now, caught_up=caught_up)
+        return BatchStats(
+            records_in=len(batch.coordinates),
+            rows_written=rows,
+            dead_letters_written=letters,
+            rows_skipped=skipped,
+            dead_letters_skipped=len(dead) + decided_letters - letters,
+            seconds=time.perf_counter() - start + batch.seconds,
+            process_seconds=batch.seconds,
+            executions_written=executions,
+            duplicates=len(duplicates),
+        )
 
     def tick(self, now: float | None = None, *, caught_up: bool = False, idle: bool = True) -> int:
         """Release timed-out groups and commit a due outbox; returns rows written.
 
         `idle` (no batch being judged) allows the wall-clock timeout (groups.py).
         """
-        with self._lock:
-            now = time.monotonic() if now is None else now
-            for decided in self.groups.expire(now, idle=idle):
-                self._decide(decided, now)
-            self._write_letters()
-            return self._maybe_commit(now, caught_up=caught_up)
+        now = time.monotonic() if now is None else now
+        for decided in self.groups.expire(now, idle=idle):
+            self._decide(decided, now)
+        self._write_letters()
+        return self._maybe_commit(now, caught_up=caught_up)
 
     def flush(self) -> int:
         """Commit whatever the outbox holds (on stop); returns rows written."""
-        with self._lock:
-            return self._commit()
+        return self._commit()
 
     def revoke(self, partitions: Iterable[TopicPartition]) -> None:
         """Forget revoked partitions: their pending groups (not acked, so replayed by the new owner).
@@ -277,40 +295,36 @@ class Stage:
         Until `assign` gives a partition back, batches of it judged before the revocation are
         dropped by `accept`: its new owner may already be writing it.
         """
-        with self._lock:
-            self._commit()
-            gone = set(partitions)
-            self._revoked |= gone
-            self.groups.drop(gone)
-            self._pending = {c for c in self._pending if (c.topic, c.partition) not in gone}
-            self._letter_coords = [c for c in self._letter_coords if (c.topic, c.partition) not in gone]
-            for tp in gone:
-                self._seen.pop(tp, None)
-            self.state.drop(gone)
-            self.recent.drop(gone)
+        self._commit()
+        gone = set(partitions)
+        self._revoked |= gone
+        self.groups.drop(gone)
+        self._pending = {c for c in self._pending if (c.topic, c.partition) not in gone}
+        self._letter_coords = [c for c in self._letter_coords if (c.topic, c.partition) not in gone]
+        for tp in gone:
+            self._seen.pop(tp, None)
+        self.state.drop(gone)
+        self.recent.drop(gone)
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Partitions (re)assigned to this worker: their batches are accepted again."""
-        with self._lock:
-            self._revoked -= set(partitions)
+        self._revoked -= set(partitions)
 
     @property
     def revoked(self) -> frozenset[TopicPartition]:
         """Partitions revoked and not assigned again."""
-        with self._lock:
-            return frozenset(self._revoked)
+        return frozenset(self._revoked)
 
     def safe_offsets(self) -> dict[TopicPartition, int]:
         """Per partition, the offset below which every message is stored (a row or a dead letter)."""
-        with self._lock:
-            safe = {tp: seen + 1 for tp, seen in self._seen.items()}
-            committing = self._committing.coordinates if self._committing is not None else ()
-            unwritten = [d.coordinates for d in self._letters]
-            for c in (*self._pending, *self._outbox_coords, *committing, *unwritten):
-                tp = (c.topic, c.partition)
-                if c.offset < safe.get(tp, c.offset + 1):
-                    safe[tp] = c.offset
-            return safe
+        safe = {tp: seen + 1 for tp, seen in self._seen.items()}
+        committing = self._committing.coordinates if self._committing is not None else ()
+        unwritten = [d.coordinates for d in self._letters]
+        for c in (*self._pending, *self._outbox_coords, *committing, *unwritten):
+            tp = (c.topic, c.partition)
+            if c.offset < safe.get(tp, c.offset + 1):
+                safe[tp] = c.offset
+        return safe
 
     @property
     def pending_groups(self) -> int:
@@ -366,6 +380,7 @@ class Stage:
 
     def _decide(self, decided: DecidedGroup, now: float, source: SourceMessage | None = None) -> None:
         samples = decided.samples
+        self.observer.decided(decided.status, len(samples))
         letters = refused(decided, self.state, source)
         if letters:
             self._letters.extend(letters)
@@ -491,13 +506,16 @@ class Stage:
         metadata = candidate.metadata(self.sink.profile_id)
         versions = candidate.versions()
         expected = {tp: self.state.partitions[tp].next - 1 for tp in states}
-        ingested_at, profile_id = datetime.now(UTC), self.sink.profile_id
+        ingested_at, profile_id, nbytes = datetime.now(UTC), self.sink.profile_id, self._outbox_bytes
 
         def write() -> int:
+            started = time.perf_counter()
             data = trajectories_table(rows, coordinates, ingested_at, profile_id)
-            return self._retrying(
+            version = self._retrying(
                 "trajectories", lambda: self.sink.table.commit(data, versions, metadata, expected=expected)
             )
+            self.observer.committed(len(rows), nbytes, time.perf_counter() - started)
+            return version
 
         return write, states, coordinates
 
@@ -529,19 +547,24 @@ class Stage:
         return len(job.coordinates)
 
     def _retrying(self, what: str, write: Callable[[], int]) -> int:
-        delay = self.retry_backoff_s
-        for attempt in range(self.write_retries + 1):
-            try:
-                return write()
-            except SinkError as exc:
-                if attempt == self.write_retries:
-                    raise
-                log.warning(
-                    "writing %s failed (attempt %d): %s; retrying in %.1fs", what, attempt + 1, exc, delay
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 30.0)
-        raise AssertionError("unreachable")
+        """`write`, retried with exponential backoff while it raises SinkError (`write_retries` times)."""
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.write_retries + 1),
+            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_s, max=MAX_RETRY_WAIT_S),
+            retry=tenacity.retry_if_exception_type(SinkError),
+            before_sleep=functools.partial(_log_retry, what, self.write_retries + 1),
+            reraise=True,
+        )
+        return retrying(write)
+
+
+def _log_retry(what: str, attempts: int, state: tenacity.RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    wait = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning(
+        "writing %s failed (attempt %d of %d): %s; retrying in %.1fs",
+        what, state.attempt_number, attempts, error, wait,
+    )  # fmt: skip
 
 
 def _without(batch: JudgedBatch, revoked: set[TopicPartition]) -> JudgedBatch:

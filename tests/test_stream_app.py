@@ -27,7 +27,8 @@ def test_app_settings(tmp_path, bootstrap_servers):
         raw_partitions=4,
     )
     assert app.conf.id == "grp"
-    assert app.conf.web_enabled is False
+    assert app.conf.web_enabled is True  # Faust's web server serves /metrics and /health
+    assert app.conf.web_bind == "127.0.0.1" and app.conf.web_port > 0
     assert str(app.conf.store) == "memory:"
     assert app.boot_strategy.enable_kafka is False  # no Faust consumer may join the group
     lanes = app.lanes
