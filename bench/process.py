@@ -48,10 +48,10 @@ import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable, WriterProperties, write_deltalake
-from fleet_stream import bench_producer, delta_rows, fleet_messages, publish
+from fleet_stream import Staged, bench_producer, delta_rows, fleet_messages, publish
 from rounds import Sample, alternate, cpu_seconds, emit, load_average, summary
 
 from producers import SyntheticFleet
@@ -263,41 +263,6 @@ def _tree_cpu(proc: psutil.Process) -> float:
     return total
 
 
-class _Staged:
-    """A fresh topic set with warm-up messages committed and the measured ones in an open transaction."""
-
-    def __init__(self, admin: AdminClient, servers: str, warm: Messages, measured: Messages) -> None:
-        self.topics = _topics(admin, uuid.uuid4().hex[:8])
-        publish(servers, self.topics[0], warm)
-        self.producer = Producer(
-            {
-                "bootstrap.servers": servers,
-                "transactional.id": f"bench-process-{uuid.uuid4().hex[:8]}",
-                "transaction.timeout.ms": 600_000,
-                "compression.type": "zstd",
-                "linger.ms": 5,
-                "message.max.bytes": 4 * 2**20,
-            }
-        )
-        self.producer.init_transactions(60)
-        self.producer.begin_transaction()
-        for key, value in measured:
-            while True:
-                try:
-                    self.producer.produce(self.topics[0], value=value, key=key)
-                    break
-                except BufferError:
-                    self.producer.poll(0.1)
-            self.producer.poll(0)
-        if self.producer.flush(300):
-            raise SystemExit("could not stage the measured messages")
-
-    def release(self) -> float:
-        """Commit the transaction: the measured messages become available; returns that moment."""
-        self.producer.commit_transaction(120)
-        return time.monotonic()
-
-
 def _wait_rows(uri: str, rows: int, alive: Any, what: str, limit_s: float = 1800) -> float:
     """Poll the table every 0.1 s until it holds `rows`; returns the moment it did."""
     start = time.monotonic()
@@ -311,7 +276,7 @@ def _wait_rows(uri: str, rows: int, alive: Any, what: str, limit_s: float = 1800
 
 
 def _ours_side(admin: AdminClient, servers: str, warm: Messages, measured: Messages, work: Path) -> Sample:
-    staged = _Staged(admin, servers, warm, measured)
+    staged = Staged(servers, _topics(admin, uuid.uuid4().hex[:8]), warm, measured)
     tag = uuid.uuid4().hex[:6]
     run = work / f"ours-{tag}"
     uri = str(run / "lake" / "trajectories")
@@ -400,7 +365,7 @@ def _baseline_side(
     properties: WriterProperties,
     threaded: bool,
 ) -> Sample:
-    staged = _Staged(admin, servers, warm, measured)
+    staged = Staged(servers, _topics(admin, uuid.uuid4().hex[:8]), warm, measured)
     uri = str(work / f"base-{uuid.uuid4().hex[:6]}")
     total = len(warm) + len(measured)
     errors: list[BaseException] = []
