@@ -110,8 +110,8 @@ def main() -> None:
         try:
             run(servers, topic(), Lane.THROUGHPUT, flat[:2000], None)  # warm the broker up; not counted
             samples = alternate(
-                ("throughput-lane", side(Lane.THROUGHPUT)),
-                [("latency-lane", side(Lane.LATENCY))],
+                ("ours", side(Lane.THROUGHPUT)),
+                [("baseline", side(Lane.LATENCY))],
                 args.rounds,
             )
         finally:
