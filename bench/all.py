@@ -6,7 +6,9 @@ recorded with its error and the rest still run. The page holds one table (each f
 baseline, rounds, spread), the commit and the machine; the JSON holds every bench's full output.
 
 Benches that need a broker (process, scale, lanes) use ROLLSTREAM_BOOTSTRAP_SERVERS, or this
-script starts one on free loopback ports for the whole run (bench/local_broker.py).
+script starts one on free loopback ports for the whole run (bench/local_broker.py). The default
+sizes are chosen so the whole run takes about 30 minutes on a 2-core machine; `--quick` is a
+check that every bench runs (about 10 minutes), `--args NAME="..."` replaces one bench's arguments.
 
     python bench/all.py [--quick] [--only process,codec] [--args process="--rounds 2"] [--json]
 """
@@ -53,15 +55,15 @@ BENCHES = (
         "DeltaSink append",
         "write_deltalake",
         "rows",
-        default=("--trajectories", "5000"),
-        quick=("--trajectories", "1000"),
+        default=("--trajectories", "1000"),
+        quick=("--trajectories", "300", "--rounds", "2"),
     ),
     Bench(
         "process",
         "rollstream process",
         "consumer + write_deltalake (serial, threaded)",
         "trajectories",
-        default=("--trajectories", "20000", "--backlog", "30000", "--latency-seconds", "15"),
+        default=("--trajectories", "15000", "--backlog", "20000", "--latency-seconds", "15"),
         quick=(
             "--trajectories",
             "5000",
@@ -81,9 +83,10 @@ BENCHES = (
         "2 workers",
         "1 worker",
         "trajectories",
-        quick=("--trajectories", "3000"),
+        default=("--trajectories", "6000"),
+        quick=("--trajectories", "3000", "--rounds", "1"),
     ),
-    Bench("lanes", "latency lane", "throughput lane", "trajectories", quick=("--flat-out", "3000")),
+    Bench("lanes", "throughput lane", "latency lane", "MB", quick=("--flat-out", "3000", "--rounds", "2")),
     Bench("score", "sandboxed verdicts", "unsandboxed python -S", "verdicts", quick=("--trajectories", "40")),
     Bench("replay", "ReplayBuffer", "TorchRL", "tokens", quick=("--rows", "1000")),
     Bench("publish", "Publisher", "Kafka Java producer", "MB", quick=("--mb", "30", "--repeats", "1")),
