@@ -87,7 +87,7 @@ def _stable(admin: AdminClient, group: str, members: int) -> bool:
     """True when `group` is stable with `members` members holding all PARTITIONS between them."""
     try:
         described = admin.describe_consumer_groups([group])[group].result(timeout=10)
-    except KafkaException:
+    except (KafkaException, TimeoutError):  # no coordinator yet, or a slow answer: not stable yet
         return False
     if described.state != ConsumerGroupState.STABLE or len(described.members) != members:
         return False
