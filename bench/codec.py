@@ -1,9 +1,11 @@
 """Decode speed of the Trajectory codec (packed token buffers) against Avro arrays of numbers.
 
 The baseline is the same record with token ids and logprobs as Avro `array<int>` / `array<float>`,
-decoded by fastavro in the same run. ratio = our decodes per second / the baseline's (higher is better).
+decoded by fastavro (its C extension, schema parsed once, schemaless reader: the fastest way it
+reads) into numpy in the same run. Rounds alternate (bench/rounds.py); ratio = the median of our
+decodes per second / the baseline's (higher is better).
 
-    python bench/codec.py [--prompt 1024] [--response 3072] [--repeats 2000] [--json]
+    python bench/codec.py [--prompt 1024] [--response 3072] [--repeats 2000] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import fastavro
 import numpy as np
+from rounds import alternate, emit, load_average, summary, timed
 
 from schemas import (
     TRAJECTORY_SCHEMA_PATH,
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens")
     parser.add_argument("--response", type=int, default=3072, help="response tokens")
     parser.add_argument("--repeats", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -95,26 +99,31 @@ def main() -> None:
         np.asarray(record["response_logprobs"], dtype=np.float32)
 
     baseline_repeats = max(20, args.repeats // 50)
-    ours_s, baseline_s = _time(ours, args.repeats), _time(baseline, baseline_repeats)
-    figures = {
-        "ratio": baseline_s / ours_s,
-        "ours_decode_us": ours_s * 1e6,
-        "baseline_decode_us": baseline_s * 1e6,
-        "ours_mb_per_s": len(packed) / ours_s / 1e6,
-        "baseline_mb_per_s": len(arrays) / baseline_s / 1e6,
-        "ours_message_bytes": len(packed),
-        "baseline_message_bytes": len(arrays),
-        "tokens": args.prompt + args.response,
-    }
-    print(
-        f"packed codec: {figures['ours_decode_us']:.1f} us per trajectory ({figures['ours_mb_per_s']:.0f} MB/s)"
+    load_before = load_average()
+
+    def side(fn: Any, repeats: int) -> Any:
+        return lambda index: timed(lambda: (_time(fn, repeats), repeats)[1])
+
+    samples = alternate(
+        ("ours", side(ours, args.repeats)), [("baseline", side(baseline, baseline_repeats))], args.rounds
     )
-    print(
-        f"Avro arrays:  {figures['baseline_decode_us']:.1f} us per trajectory ({figures['baseline_mb_per_s']:.0f} MB/s)"
+    result = summary(samples, "ours", load_before, unit="decodes")
+    result.update(
+        ours_decode_us=round(1e6 / result["ours_per_s"], 2),
+        baseline_decode_us=round(1e6 / result["baseline_per_s"], 2),
+        ours_message_bytes=len(packed),
+        baseline_message_bytes=len(arrays),
+        tokens=args.prompt + args.response,
     )
-    print(f"ratio (our throughput / baseline throughput): {figures['ratio']:.1f}x")
-    if args.json:
-        print(json.dumps(figures))
+    emit(
+        result,
+        args.json,
+        lambda r: (
+            f"packed codec: {r['ours_decode_us']:.1f} us per trajectory\n"
+            f"Avro arrays:  {r['baseline_decode_us']:.1f} us per trajectory\n"
+            f"ratio (median of {r['rounds']} rounds): {r['ratio']:.1f}x ({r['ratio_min']:.1f} to {r['ratio_max']:.1f})"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 Each lane publishes the same ~8 KB trajectories twice to fresh topics: paced at `--rate`
 messages/s (what a rollout worker does between generations) for the latency a message sees when
 the pipe is not full, and flat out for the lane's throughput. Latency is from `publish` to the
-delivery report (acks=all). ratio = throughput-lane MB/s / latency-lane MB/s, flat out.
+delivery report (acks=all). Rounds alternate the lanes (bench/rounds.py); ratio = the median of
+throughput-lane MB/s / latency-lane MB/s, flat out (`ours_*` is the throughput lane, `baseline_*`
+the latency lane); the paced latencies are `*_paced_p50_latency_ms` and `*_paced_p99_latency_ms`.
 
 Starts its own broker on free loopback ports unless ROLLSTREAM_BOOTSTRAP_SERVERS names one.
 
-    python bench/lanes.py [--json] [--rate 500] [--seconds 5] [--flat-out 20000]
+    python bench/lanes.py [--json] [--rate 500] [--seconds 5] [--flat-out 20000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import uuid
 import numpy as np
 from confluent_kafka.admin import NewTopic
 from publish import broker, records_of_size
+from rounds import Sample, Side, alternate, cpu_seconds, emit, load_average, summary
 
 from infra.topics import admin_client
 from producers import Lane, Publisher
@@ -53,6 +56,8 @@ def run(servers: str, topic: str, lane: Lane, records: list[TrajectoryRecord], r
         "mb_per_s": round((len(records) - 1) * value_bytes / elapsed / 1e6, 2),
         "records_per_s": round((len(records) - 1) / elapsed, 1),
         "wire_fraction": round(max(wire, default=0) / (len(records) * value_bytes), 3),
+        "seconds": elapsed,
+        "megabytes": (len(records) - 1) * value_bytes / 1e6,
     }
 
 
@@ -64,11 +69,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0, help="paced messages/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the paced run")
     parser.add_argument("--flat-out", type=int, default=20_000, help="messages of the flat-out run")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
+    load_before = load_average()
     paced = records_of_size(args.size, int(args.rate * args.seconds) + 1, seed=2)
     flat = records_of_size(args.size, args.flat_out, seed=3)
-    figures: dict[str, dict[str, dict]] = {}
     with broker() as servers:
         admin = admin_client(servers)
         made: list[str] = []
@@ -80,35 +86,43 @@ def main() -> None:
             made.append(name)
             return name
 
+        def side(lane: Lane) -> Side:
+            def measure(index: int) -> Sample:
+                paced_run = run(servers, topic(), lane, paced, args.rate)
+                cpu0 = cpu_seconds()
+                flat_run = run(servers, topic(), lane, flat, None)
+                return Sample(
+                    items=flat_run["megabytes"],
+                    seconds=flat_run["seconds"],
+                    cpu_s=cpu_seconds() - cpu0,
+                    extra={
+                        "paced_p50_latency_ms": paced_run["p50_latency_ms"],
+                        "paced_p99_latency_ms": paced_run["p99_latency_ms"],
+                        "flat_out_p50_latency_ms": flat_run["p50_latency_ms"],
+                        "flat_out_p99_latency_ms": flat_run["p99_latency_ms"],
+                        "flat_out_records_per_s": flat_run["records_per_s"],
+                        "wire_fraction": flat_run["wire_fraction"],
+                    },
+                )
+
+            return measure
+
         try:
             run(servers, topic(), Lane.THROUGHPUT, flat[:2000], None)  # warm the broker up; not counted
-            for lane in (Lane.LATENCY, Lane.THROUGHPUT):
-                figures[lane.value] = {
-                    "paced": run(servers, topic(), lane, paced, args.rate),
-                    "flat_out": run(servers, topic(), lane, flat, None),
-                }
-                p, f = figures[lane.value]["paced"], figures[lane.value]["flat_out"]
-                print(
-                    f"{lane.value:>10}: paced {args.rate:g}/s p50 {p['p50_latency_ms']:6.1f} ms p99 "
-                    f"{p['p99_latency_ms']:6.1f} ms | flat out {f['mb_per_s']:6.1f} MB/s "
-                    f"({f['records_per_s']:.0f}/s), p50 {f['p50_latency_ms']:.0f} ms p99 {f['p99_latency_ms']:.0f} ms, "
-                    f"{f['wire_fraction']:.2f} of the bytes on the wire",
-                    flush=True,
-                )
+            samples = alternate(
+                ("ours", side(Lane.THROUGHPUT)),
+                [("baseline", side(Lane.LATENCY))],
+                args.rounds,
+            )
         finally:
             for future in admin.delete_topics(made).values() if made else ():
                 with contextlib.suppress(Exception):
                     future.result(timeout=30)
-    summary = {
-        "ratio": round(
-            figures["throughput"]["flat_out"]["mb_per_s"] / figures["latency"]["flat_out"]["mb_per_s"], 3
-        ),
-        "record_bytes": args.size,
-        "paced_rate": args.rate,
-        "lanes": figures,
-    }
-    if args.json:
-        print(json.dumps(summary))
+    result = summary(samples, "ours", load_before, unit="MB")
+    result.update(
+        record_bytes=args.size, paced_rate=args.rate, ours="throughput lane", baseline="latency lane"
+    )
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,44 @@
-"""The stream stage from topic to rows in Delta, against a plain consumer + write_deltalake, on a real broker.
+"""The stream stage from topic to rows in Delta, against two plain consumer + write_deltalake programs.
 
 Ours: `rollstream process` (a subprocess: Faust, scoring of math and extraction, groups, domain
-statistics, state in the commit) on a topic holding `--trajectories` fleet messages, code tasks
-turned into precomputed ones (`without_code`: the issue scores math and extraction here; the
-sandbox has its own benchmark, bench/score.py). Baseline, in
-the same run on the same messages: a confluent-kafka consumer that decodes each message (no
-validation, no scoring) and appends Arrow tables with plain `write_deltalake`, committing by the
-same rule as ours (64 MiB of messages or 1 s). Both rates are steady state: rows written after
-the first commit over the time from the first commit to the last.
-ratio = ours / baseline throughput (higher is better; 1.0 = as fast as the baseline).
+statistics, state in the commit) on fleet messages whose code tasks are precomputed (the sandbox
+has bench/score.py; `--code-messages` adds one run of ours on real sandboxed code tasks).
 
-p99_latency_s: a second worker idles on a fresh topic; groups (POOL_GROUPS encoded fleet groups,
-re-sent under new ids: the generator shares the machine) are published at half ours' rate for
-WARMUP_S and then `--latency-seconds`; per group published after the warm-up (which covers the
-start-up rebalances of the worker's two consumers: the broker delays a new group's first
-assignment by 3 s), the time from the publish of its last sample to its rows visible in the table
-(polled every 50 ms). peak_rss_mb: the worker's peak resident memory (children
-included) while it works through a backlog of `--backlog` messages (the issue asks 200,000:
-`--backlog 200000`, several minutes here).
+Baselines, on the same messages: a confluent-kafka consumer that decodes each message (no
+validation, no scoring) into Arrow and appends with `write_deltalake`, using the stage's own
+writer properties (`delta_sink.writer_properties()`: ZSTD, dictionary encoding only on the
+low-cardinality strings) and its commit rule (64 MiB of messages or 1 s).
+`baseline-serial` consumes, decodes and writes one after another in one thread;
+`baseline-threaded` decodes and builds each commit's table in one thread while a second thread
+writes the previous one (a queue of two), so the write's Rust and ZSTD time overlaps the decode.
+The old baseline form (dictionary encoding tried on every column) runs once beside them.
+
+Window, the same on every side: each run gets a fresh topic holding `WARMUP_MESSAGES` warm-up
+messages and, in an open Kafka transaction, the measured messages (read_committed consumers,
+librdkafka's default, do not see them). The side starts, and once its warm-up rows are visible
+(start-up, rebalances, the verifier pool's imports done) the transaction commits: from that
+moment (first message available) to the last measured row visible in the table (polled every
+0.1 s) is the window. Rounds alternate (bench/rounds.py); `ratio` is the median of ours /
+the better baseline per round.
+
+p99_latency_s: groups published at half ours' median rate to an idle worker; per group, from the
+publish of its last sample to its rows visible. peak_rss_mb: the worker's peak resident memory
+(children included) over a backlog of `--backlog` messages.
 
 Needs a broker: `rollstream up` (or set ROLLSTREAM_BOOTSTRAP_SERVERS).
 
-    python bench/process.py [--trajectories 60000] [--backlog 50000] [--latency-seconds 20] [--json]
+    python bench/process.py [--trajectories 30000] [--rounds 3] [--backlog 50000] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -44,13 +51,14 @@ import pyarrow.parquet as pq
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable, WriterProperties, write_deltalake
-from fleet_stream import bench_producer, delta_rows, fleet_messages, publish
+from fleet_stream import Staged, bench_producer, delta_rows, fleet_messages, publish
+from rounds import Sample, alternate, cpu_seconds, emit, load_average, summary
 
 from producers import SyntheticFleet
 from producers.fleet import without_code
 from schemas import TrajectoryCodec
 from schemas.tables import TIMESTAMP
-from stream_processors.delta_sink import list_column
+from stream_processors.delta_sink import list_column, writer_properties
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
@@ -59,6 +67,8 @@ COMMIT_INTERVAL_S = 1.0
 BATCH = 500
 WARMUP_S = 5.0
 POOL_GROUPS = 500
+WARMUP_MESSAGES = 2_000
+"""Messages a side works through before its window opens (start-up, rebalances, pool imports)."""
 """Distinct fleet groups the latency test re-sends under new ids (4,000 messages, about 31 MB)."""
 
 
@@ -123,39 +133,6 @@ def _rss_mb(proc: psutil.Process) -> float:
     return total / 2**20
 
 
-def _ours(servers: str, topics: tuple[str, str, str], n: int, work: Path, tag: str) -> dict[str, float]:
-    """Run the worker over `n` waiting messages; steady-state seconds and peak RSS."""
-    uri = str(work / "lake" / "trajectories")
-    start = time.monotonic()
-    proc = _worker(servers, topics, work / "lake", work / "state", tag)
-    watch = psutil.Process(proc.pid)
-    first: tuple[float, int] | None = None
-    peak = 0.0
-    try:
-        while True:
-            peak = max(peak, _rss_mb(watch))
-            rows = delta_rows(uri)
-            now = time.monotonic()
-            if rows and first is None:
-                first = (now, rows)
-            if rows >= n:
-                break
-            if proc.poll() is not None:
-                raise SystemExit(f"the worker exited with {proc.returncode}; see {work / 'state'}")
-            if now - start > 1800:
-                raise SystemExit(f"the worker wrote {rows}/{n} rows in 30 min")
-            time.sleep(0.2)
-    finally:
-        _stop(proc)
-    assert first is not None
-    return {
-        "steady_s": now - first[0],
-        "steady_rows": n - first[1],
-        "total_s": now - start,
-        "peak_rss_mb": peak,
-    }
-
-
 def _decoded_table(records: list[dict[str, Any]], coords: list[tuple[str, int, int]]) -> pa.Table:
     def unpack(field: str, dtype: str) -> list[np.ndarray]:
         return [np.frombuffer(r[field], dtype) for r in records]
@@ -184,49 +161,6 @@ def _decoded_table(records: list[dict[str, Any]], coords: list[tuple[str, int, i
             "offset": pa.array([c[2] for c in coords], pa.int64()),
         }
     )
-
-
-def _baseline(servers: str, topic: str, n: int, work: Path) -> dict[str, float]:
-    """Plain consumer, decode, write_deltalake with the same commit rule; steady-state seconds."""
-    uri = str(work / "baseline")
-    work.mkdir(parents=True, exist_ok=True)
-    codec = TrajectoryCodec()
-    start = time.monotonic()
-    consumer = Consumer(
-        {
-            "bootstrap.servers": servers,
-            "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    properties = WriterProperties(compression="ZSTD")
-    records: list[dict[str, Any]] = []
-    coords: list[tuple[str, int, int]] = []
-    size, since, done = 0, time.monotonic(), 0
-    first: tuple[float, int] | None = None
-    try:
-        while done < n:
-            for msg in consumer.consume(BATCH, timeout=0.5):
-                if msg.error() is None:
-                    records.append(codec.decode(msg.value()))
-                    coords.append((msg.topic(), msg.partition(), msg.offset()))
-                    size += len(msg.value())
-            now = time.monotonic()
-            due = size >= COMMIT_BYTES or now - since >= COMMIT_INTERVAL_S or done + len(records) >= n
-            if records and due:
-                write_deltalake(
-                    uri, _decoded_table(records, coords), mode="append", writer_properties=properties
-                )
-                done += len(records)
-                records, coords, size, since = [], [], 0, time.monotonic()
-                if first is None:
-                    first = (time.monotonic(), done)
-    finally:
-        consumer.close()
-    end = time.monotonic()
-    assert first is not None
-    return {"steady_s": end - first[0], "steady_rows": n - first[1], "total_s": end - start}
 
 
 def _group_pool(groups: int) -> list[tuple[str, list[tuple[str, bytes]]]]:
@@ -314,23 +248,189 @@ def _latency(
     return [visible[g] - t for g, t in published.items() if t >= measured]
 
 
+Messages = list[tuple[bytes, bytes]]
+
+
+def _tree_cpu(proc: psutil.Process) -> float:
+    """CPU seconds of `proc` and its live children."""
+    total = 0.0
+    try:
+        for p in [proc, *proc.children(recursive=True)]:
+            times = p.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    except psutil.Error:
+        pass
+    return total
+
+
+def _wait_rows(uri: str, rows: int, alive: Any, what: str, limit_s: float = 1800) -> float:
+    """Poll the table every 0.1 s until it holds `rows`; returns the moment it did."""
+    start = time.monotonic()
+    while delta_rows(uri) < rows:
+        if not alive():
+            raise SystemExit(f"{what} stopped before {rows} rows")
+        if time.monotonic() - start > limit_s:
+            raise SystemExit(f"{what} wrote fewer than {rows} rows in {limit_s:.0f} s")
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def _ours_side(admin: AdminClient, servers: str, warm: Messages, measured: Messages, work: Path) -> Sample:
+    staged = Staged(servers, _topics(admin, uuid.uuid4().hex[:8]), warm, measured)
+    tag = uuid.uuid4().hex[:6]
+    run = work / f"ours-{tag}"
+    uri = str(run / "lake" / "trajectories")
+    proc = _worker(servers, staged.topics, run / "lake", run / "state", tag)
+    watch = psutil.Process(proc.pid)
+    alive = lambda: proc.poll() is None  # noqa: E731
+    try:
+        _wait_rows(uri, len(warm), alive, "the worker (warm-up)")
+        cpu0 = _tree_cpu(watch)
+        t0 = staged.release()
+        t1 = _wait_rows(uri, len(warm) + len(measured), alive, "the worker")
+        cpu1 = _tree_cpu(watch)
+    finally:
+        _stop(proc)
+        admin.delete_topics(list(staged.topics))
+    return Sample(items=len(measured), seconds=t1 - t0, cpu_s=cpu1 - cpu0)
+
+
+def _baseline_run(
+    servers: str, topic: str, total: int, uri: str, properties: WriterProperties, threaded: bool
+) -> None:
+    """Consume `total` messages, decode them and append them by the commit rule (one or two threads)."""
+    codec = TrajectoryCodec()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 * 2**20,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    tables: queue.Queue[pa.Table | None] = queue.Queue(maxsize=2)
+    failure: list[BaseException] = []
+
+    def write(table: pa.Table) -> None:
+        write_deltalake(uri, table, mode="append", writer_properties=properties)
+
+    def writer() -> None:
+        try:
+            while (table := tables.get()) is not None:
+                write(table)
+        except BaseException as exc:  # surfaced by the consuming thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=writer, daemon=True) if threaded else None
+    if thread:
+        thread.start()
+    pending: list[Any] = []
+    size, since, done = 0, time.monotonic(), 0
+    try:
+        while done < total:
+            if failure:
+                raise failure[0]
+            for msg in consumer.consume(BATCH, timeout=0.1):
+                if msg.error() is None:
+                    pending.append(msg)
+                    size += len(msg.value() or b"")
+            now = time.monotonic()
+            due = size >= COMMIT_BYTES or now - since >= COMMIT_INTERVAL_S or done + len(pending) >= total
+            if pending and due:
+                records = [codec.decode(m.value()) for m in pending]
+                coords = [(m.topic(), m.partition(), m.offset()) for m in pending]
+                table = _decoded_table(records, coords)
+                if thread:
+                    tables.put(table)
+                else:
+                    write(table)
+                done += len(pending)
+                pending, size, since = [], 0, time.monotonic()
+    finally:
+        if thread:
+            tables.put(None)
+            thread.join()
+        consumer.close()
+    if failure:
+        raise failure[0]
+
+
+def _baseline_side(
+    admin: AdminClient,
+    servers: str,
+    warm: Messages,
+    measured: Messages,
+    work: Path,
+    properties: WriterProperties,
+    threaded: bool,
+) -> Sample:
+    staged = Staged(servers, _topics(admin, uuid.uuid4().hex[:8]), warm, measured)
+    uri = str(work / f"base-{uuid.uuid4().hex[:6]}")
+    total = len(warm) + len(measured)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _baseline_run(servers, staged.topics[0], total, uri, properties, threaded)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    alive = lambda: thread.is_alive() or not errors  # noqa: E731
+    try:
+        _wait_rows(uri, len(warm), alive, "the baseline (warm-up)")
+        cpu0 = cpu_seconds()
+        t0 = staged.release()
+        t1 = _wait_rows(uri, total, alive, "the baseline")
+        cpu1 = cpu_seconds()
+        thread.join()
+    finally:
+        admin.delete_topics(list(staged.topics))
+    if errors:
+        raise SystemExit(f"the baseline failed: {errors[0]!r}")
+    return Sample(items=len(measured), seconds=t1 - t0, cpu_s=cpu1 - cpu0)
+
+
+def _backlog_rss(servers: str, topics: tuple[str, str, str], n: int, work: Path) -> dict[str, float]:
+    """Run the worker over `n` waiting messages; its peak RSS and rate (start-up included)."""
+    uri = str(work / "lake" / "trajectories")
+    start = time.monotonic()
+    proc = _worker(servers, topics, work / "lake", work / "state", "backlog")
+    watch = psutil.Process(proc.pid)
+    peak = 0.0
+    try:
+        while (rows := delta_rows(uri)) < n:
+            peak = max(peak, _rss_mb(watch))
+            if proc.poll() is not None:
+                raise SystemExit(f"the worker exited with {proc.returncode}; see {work / 'state'}")
+            if time.monotonic() - start > 1800:
+                raise SystemExit(f"the worker wrote {rows}/{n} rows in 30 min")
+            time.sleep(0.2)
+    finally:
+        _stop(proc)
+    return {"peak_rss_mb": peak, "per_s": n / (time.monotonic() - start)}
+
+
+def _code_messages(n: int, seed: int) -> Messages:
+    """`n` fleet messages with their code tasks kept (judged in the sandbox)."""
+    codec = TrajectoryCodec()
+    return [(r["group_id"].encode(), codec.encode(r)) for r in SyntheticFleet(seed=seed).trajectories(n)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--trajectories", type=int, default=30_000, help="measured messages per run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backlog", type=int, default=50_000, help="messages for peak_rss_mb (0: skip)")
+    parser.add_argument("--latency-seconds", type=float, default=20.0, help="0: skip the latency test")
     parser.add_argument(
-        "--trajectories",
-        type=int,
-        default=60_000,
-        help="messages of the throughput runs; fewer overstate ours, whose rows become visible a "
-        "commit behind its work (the committer writes while the next commit fills)",
+        "--code-messages", type=int, default=2_000, help="one run of ours with sandboxed code (0: skip)"
     )
-    parser.add_argument(
-        "--backlog", type=int, default=50_000, help="messages for peak_rss_mb (issue: 200000)"
-    )
-    parser.add_argument("--latency-seconds", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each; the best counts")
     parser.add_argument(
         "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
@@ -343,57 +443,70 @@ def main() -> None:
     except Exception as exc:
         raise SystemExit(f"no broker at {servers} ({exc}): run `rollstream up` first") from exc
 
-    tag = uuid.uuid4().hex[:6]
-    messages = fleet_messages(args.trajectories, args.seed)
-    megabytes = sum(len(v) for _, v in messages) / 1e6
-    topics = _topics(admin, f"t-{tag}")
-    publish(servers, topics[0], messages)
+    load_before = load_average()
+    measured = fleet_messages(args.trajectories, args.seed)
+    warm = fleet_messages(WARMUP_MESSAGES, args.seed + 1000)
+    megabytes = sum(len(v) for _, v in measured) / 1e6
+    new_props = writer_properties()
+    old_props = WriterProperties(compression="ZSTD")
     with tempfile.TemporaryDirectory(prefix="bench-process-") as tmp:
         work = Path(tmp)
-        # Alternating runs on the same messages, the best of each: the machine is shared.
-        runs: dict[str, list[dict[str, float]]] = {"ours": [], "baseline": []}
-        for i in range(args.repeats):
-            runs["baseline"].append(_baseline(servers, topics[0], len(messages), work / f"base-{i}"))
-            runs["ours"].append(_ours(servers, topics, len(messages), work / f"ours-{i}", f"ours-{i}"))
-        ours = max(runs["ours"], key=lambda r: r["steady_rows"] / r["steady_s"])
-        baseline = max(runs["baseline"], key=lambda r: r["steady_rows"] / r["steady_s"])
-        ours_rate = ours["steady_rows"] / ours["steady_s"]
-        base_rate = baseline["steady_rows"] / baseline["steady_s"]
-        latencies = _latency(
-            servers, _topics(admin, f"l-{tag}"), ours_rate / 2, args.latency_seconds, work / "lat"
+        samples = alternate(
+            ("ours", lambda i: _ours_side(admin, servers, warm, measured, work)),
+            [
+                (
+                    "baseline-serial",
+                    lambda i: _baseline_side(admin, servers, warm, measured, work, new_props, False),
+                ),
+                (
+                    "baseline-threaded",
+                    lambda i: _baseline_side(admin, servers, warm, measured, work, new_props, True),
+                ),
+            ],
+            args.rounds,
         )
-        backlog_topics = _topics(admin, f"b-{tag}")
-        codec = TrajectoryCodec()
-        stream = without_code(SyntheticFleet(seed=args.seed + 1).trajectories(args.backlog))
-        publish(servers, backlog_topics[0], ((r["group_id"].encode(), codec.encode(r)) for r in stream))
-        rss = _ours(servers, backlog_topics, args.backlog, work / "backlog", "backlog")
-    admin.delete_topics(
-        [*topics, *(f"bench-{k}-{s}-{tag}" for k in ("raw", "ultra", "dlq") for s in ("l", "b"))]
-    )
-    result = {
-        "trajectories": len(messages),
-        "message_mb": round(megabytes, 1),
-        "ours_trajectories_per_s": round(ours_rate, 1),
-        "ours_mb_per_s": round(megabytes * ours_rate / len(messages), 2),
-        "ours_total_s": round(ours["total_s"], 2),
-        "baseline_trajectories_per_s": round(base_rate, 1),
-        "baseline_mb_per_s": round(megabytes * base_rate / len(messages), 2),
-        "baseline_total_s": round(baseline["total_s"], 2),
-        "ratio": round(ours_rate / base_rate, 3),
-        "ours_runs_per_s": [round(r["steady_rows"] / r["steady_s"], 1) for r in runs["ours"]],
-        "baseline_runs_per_s": [round(r["steady_rows"] / r["steady_s"], 1) for r in runs["baseline"]],
-        "latency_rate_per_s": round(ours_rate / 2, 1),
-        "latency_groups": len(latencies),
-        "p50_latency_s": round(float(np.percentile(latencies, 50)), 3),
-        "p99_latency_s": round(float(np.percentile(latencies, 99)), 3),
-        "backlog": args.backlog,
-        "peak_rss_mb": round(rss["peak_rss_mb"], 1),
-        "backlog_trajectories_per_s": round(rss["steady_rows"] / rss["steady_s"], 1),
-    }
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:>30}  {value}")
-    print(json.dumps(result))
+        old = _baseline_side(admin, servers, warm, measured, work, old_props, False)
+        result = summary(samples, "ours", load_before, unit="trajectories")
+        ours_rate = result["ours_per_s"]
+        result.update(
+            trajectories=len(measured),
+            message_mb=round(megabytes, 1),
+            ours_mb_per_s=round(megabytes * ours_rate / len(measured), 2),
+            baseline_old_form_per_s=round(old.rate, 1),
+        )
+        if args.code_messages:
+            code = _code_messages(args.code_messages, args.seed + 2000)
+            try:
+                with_code = _ours_side(admin, servers, warm, code, work)
+                result["ours_with_code_per_s"] = round(with_code.rate, 1)
+                result["code_messages"] = len(code)
+            except (SystemExit, Exception) as exc:
+                result["ours_with_code_error"] = str(exc)
+        if args.latency_seconds:
+            tag = uuid.uuid4().hex[:6]
+            latencies = _latency(
+                servers, _topics(admin, f"l-{tag}"), ours_rate / 2, args.latency_seconds, work / "lat"
+            )
+            result.update(
+                latency_rate_per_s=round(ours_rate / 2, 1),
+                latency_groups=len(latencies),
+                p50_latency_s=round(float(np.percentile(latencies, 50)), 3),
+                p99_latency_s=round(float(np.percentile(latencies, 99)), 3),
+            )
+        if args.backlog:
+            backlog_topics = _topics(admin, f"b-{uuid.uuid4().hex[:6]}")
+            codec = TrajectoryCodec()
+            stream = without_code(SyntheticFleet(seed=args.seed + 1).trajectories(args.backlog))
+            publish(servers, backlog_topics[0], ((r["group_id"].encode(), codec.encode(r)) for r in stream))
+            rss = _backlog_rss(servers, backlog_topics, args.backlog, work / "backlog")
+            admin.delete_topics(list(backlog_topics))
+            result.update(
+                backlog=args.backlog,
+                peak_rss_mb=round(rss["peak_rss_mb"], 1),
+                backlog_per_s_with_start_up=round(rss["per_s"], 1),
+            )
+    result["load_after"] = load_average()
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -1,27 +1,27 @@
-"""Scale-out of the stream stage: trajectories/s with 1 worker and with 2 workers in one group.
+"""Scale-out of the stream stage on a ready backlog: 1 worker against 2 workers in one group.
 
 Each run starts `rollstream process --workers N` on a fresh 4-partition topic, app id, consumer
-group and lake, waits until the group is stable with every partition assigned (so start-up and
-the joins' rebalances stay out of the figure), then publishes the same `--trajectories` fleet
-messages, encoded beforehand (code samples made precomputed, so the sandbox, which
-bench/score.py measures, does not dominate). Throughput: the messages over the time from the
-start of publishing to the last row in Delta (publishing overlaps processing; it is the same in
-both runs). ratio = 2-worker throughput / 1-worker throughput (the baseline is 1 worker,
-measured in the same run; higher is better). On a machine of 2 cores shared with the broker, the
-broker's CPU share is reported beside it (`broker_cpu_share_*`: the broker's CPU seconds over
-wall seconds x cores, over the same window), and the workers' (`worker_cpu_share_*`), since
-a ratio near 1 there says "out of cores", not "does not scale".
+group and lake. The `--trajectories` fleet messages (encoded beforehand, code made precomputed:
+the sandbox has bench/score.py) are published before the workers start, inside an open Kafka
+transaction, so they wait on the broker unseen (read_committed). Once the group is stable with
+every partition assigned, the transaction commits: the window runs from then (the whole backlog
+available) to the last row in Delta, so publishing and start-up are outside it on both sides.
+Rounds alternate 1 and 2 workers (bench/rounds.py); ratio = 2-worker / 1-worker throughput (the
+1-worker run is the baseline, same data and window). The broker's CPU share over the window is
+reported (`ours_broker_cpu_share`, `baseline_broker_cpu_share`: CPU seconds of every local broker
+process over wall seconds x cores), and the workers' (`*_worker_cpu_share`): on a 2-core machine a
+ratio near 1 says "out of cores", not "does not scale".
 
-Needs a broker: `rollstream up` (or set ROLLSTREAM_BOOTSTRAP_SERVERS).
+Needs a broker (`rollstream up`, or `rollstream up --brokers 3` with every address in
+ROLLSTREAM_BOOTSTRAP_SERVERS).
 
-    python bench/scale.py [--trajectories 10000] [--repeats 1] [--json]
+    python bench/scale.py [--trajectories 10000] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -34,7 +34,8 @@ from pathlib import Path
 import psutil
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
-from fleet_stream import delta_rows, fleet_messages, publish
+from fleet_stream import Staged, delta_rows, fleet_messages
+from rounds import Sample, alternate, emit, load_average, summary
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
@@ -59,34 +60,34 @@ def _delete(admin: AdminClient, topics: tuple[str, str]) -> None:
             f.result(timeout=30)
 
 
-def _broker(servers: str) -> psutil.Process | None:
-    """The process listening on the first bootstrap port, when it runs on this machine."""
-    port = int(servers.split(",")[0].rpartition(":")[2])
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-            return psutil.Process(conn.pid)
-    return None
+def _brokers(servers: str) -> list[psutil.Process]:
+    """The processes listening on the bootstrap ports that run on this machine."""
+    ports = {int(address.rpartition(":")[2]) for address in servers.split(",")}
+    pids = {
+        conn.pid
+        for conn in psutil.net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port in ports and conn.pid
+    }
+    return [psutil.Process(pid) for pid in sorted(pids)]
 
 
-def _cpu_seconds(proc: psutil.Process | None, *, tree: bool = False) -> float:
-    if proc is None:
-        return 0.0
-    try:
-        procs = [proc, *proc.children(recursive=True)] if tree else [proc]
-        total = 0.0
-        for p in procs:
-            times = p.cpu_times()
-            total += times.user + times.system
-        return total
-    except psutil.Error:
-        return 0.0
+def _cpu_seconds(procs: list[psutil.Process], *, tree: bool = False) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            for p in [proc, *proc.children(recursive=True)] if tree else [proc]:
+                times = p.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def _stable(admin: AdminClient, group: str, members: int) -> bool:
     """True when `group` is stable with `members` members holding all PARTITIONS between them."""
     try:
         described = admin.describe_consumer_groups([group])[group].result(timeout=10)
-    except KafkaException:
+    except (KafkaException, TimeoutError):  # no coordinator yet, or a slow answer: not stable yet
         return False
     if described.state != ConsumerGroupState.STABLE or len(described.members) != members:
         return False
@@ -96,11 +97,12 @@ def _stable(admin: AdminClient, group: str, members: int) -> bool:
 
 def _run(
     servers: str, admin: AdminClient, messages: list[tuple[bytes, bytes]], workers: int, work: Path
-) -> dict[str, float]:
-    """`rollstream process --workers N`, stable, then `messages` published; steady-state rate and CPU shares."""
+) -> Sample:
+    """`rollstream process --workers N` on `messages` held back until the group is stable."""
     n = len(messages)
     tag = f"{workers}w-{uuid.uuid4().hex[:6]}"
     topics = _topics(admin, tag)
+    staged = Staged(servers, topics, [], messages)
     lake, state = work / tag / "lake", work / tag / "state"
     state.mkdir(parents=True)
     env = {
@@ -116,7 +118,7 @@ def _run(
     args += ["--workers", str(workers), "--loglevel", os.environ.get("BENCH_LOGLEVEL", "warning")]
     log = (state / "workers.log").open("w")
     proc = subprocess.Popen(args, cwd=state, env=env, stdout=log, stderr=subprocess.STDOUT)
-    supervisor, broker = psutil.Process(proc.pid), _broker(servers)
+    supervisor, brokers = psutil.Process(proc.pid), _brokers(servers)
     uri = str(lake / "trajectories")
     start = time.monotonic()
     try:
@@ -126,10 +128,8 @@ def _run(
             if time.monotonic() - start > 300:
                 raise SystemExit(f"{workers} worker(s) did not form a stable group in 300 s")
             time.sleep(0.5)
-        ready = time.monotonic()
-        begin = (ready, _cpu_seconds(broker), _cpu_seconds(supervisor, tree=True))
-        publish(servers, topics[0], messages)
-        published = time.monotonic()
+        begin = (staged.release(), _cpu_seconds(brokers), _cpu_seconds([supervisor], tree=True))
+        ready = begin[0]
         while True:
             rows = delta_rows(uri)
             now = time.monotonic()
@@ -140,7 +140,7 @@ def _run(
             if now - ready > 1800:
                 raise SystemExit(f"{workers} worker(s) wrote {rows}/{n} rows in 30 min")
             time.sleep(0.1)
-        broker_cpu, worker_cpu = _cpu_seconds(broker), _cpu_seconds(supervisor, tree=True)
+        broker_cpu, worker_cpu = _cpu_seconds(brokers), _cpu_seconds([supervisor], tree=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -152,13 +152,17 @@ def _run(
             proc.wait()
         _delete(admin, topics)
     seconds, cores = max(now - begin[0], 1e-3), psutil.cpu_count() or 1
-    return {
-        "rate": n / seconds,
-        "broker_cpu_share": (broker_cpu - begin[1]) / (seconds * cores),
-        "worker_cpu_share": (worker_cpu - begin[2]) / (seconds * cores),
-        "startup_s": ready - start,
-        "publish_s": published - ready,
-    }
+    return Sample(
+        items=n,
+        seconds=seconds,
+        cpu_s=worker_cpu - begin[2],
+        extra={
+            "broker_cpu_share": (broker_cpu - begin[1]) / (seconds * cores),
+            "worker_cpu_share": (worker_cpu - begin[2]) / (seconds * cores),
+            "startup_s": ready - start,
+            "brokers": len(brokers),
+        },
+    )
 
 
 def main() -> None:
@@ -166,7 +170,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--trajectories", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=1, help="alternating runs of each; the best counts")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument(
         "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
@@ -174,44 +178,19 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     args = parser.parse_args()
 
+    load_before = load_average()
     admin = AdminClient({"bootstrap.servers": args.bootstrap_servers})
     messages = fleet_messages(args.trajectories, args.seed)
-    best: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="rollstream-scale-") as tmp:
-        for _ in range(args.repeats):
-            for workers in (1, 2):
-                result = _run(args.bootstrap_servers, admin, messages, workers, Path(tmp))
-                print(
-                    f"{workers} worker(s): {result['rate']:.0f} trajectories/s; broker CPU "
-                    f"{result['broker_cpu_share']:.0%}, workers CPU {result['worker_cpu_share']:.0%} "
-                    f"of {psutil.cpu_count()} cores; stable group after {result['startup_s']:.1f} s, "
-                    f"published in {result['publish_s']:.1f} s",
-                    file=sys.stderr,
-                )
-                if workers not in best or result["rate"] > best[workers]["rate"]:
-                    best[workers] = result
-    one, two = best[1], best[2]
-    figures = {
-        "ratio": two["rate"] / one["rate"],
-        "trajectories": args.trajectories,
-        "one_worker_per_s": round(one["rate"], 1),
-        "two_workers_per_s": round(two["rate"], 1),
-        "broker_cpu_share_one": round(one["broker_cpu_share"], 3),
-        "broker_cpu_share_two": round(two["broker_cpu_share"], 3),
-        "worker_cpu_share_one": round(one["worker_cpu_share"], 3),
-        "worker_cpu_share_two": round(two["worker_cpu_share"], 3),
-        "publish_s_one": round(one["publish_s"], 2),
-        "publish_s_two": round(two["publish_s"], 2),
-        "cores": psutil.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 1),
-    }
-    print(
-        f"1 worker {figures['one_worker_per_s']:.0f}/s, 2 workers {figures['two_workers_per_s']:.0f}/s: "
-        f"ratio {figures['ratio']:.2f} (broker CPU share {figures['broker_cpu_share_one']:.0%} / "
-        f"{figures['broker_cpu_share_two']:.0%})"
-    )
-    if args.json:
-        print(json.dumps(figures))
+        work = Path(tmp)
+        samples = alternate(
+            ("ours", lambda i: _run(args.bootstrap_servers, admin, messages, 2, work)),
+            [("baseline", lambda i: _run(args.bootstrap_servers, admin, messages, 1, work))],
+            args.rounds,
+        )
+    result = summary(samples, "ours", load_before, unit="trajectories")
+    result.update(trajectories=args.trajectories, ours="2 workers", baseline="1 worker")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,20 @@ Ours: `BatchProcessor.process` (decode, validate, verify, bucket, normalize) the
 (Arrow build, append with the offsets as Delta txn versions in the same commit), batch by batch,
 into a fresh table. Baseline: the very rows ours produced, built into Arrow tables beforehand
 (untimed) and appended with plain `write_deltalake(mode="append", partition_by=["bucket"])` in
-the same batches, no txn, into another fresh table. Both use ZSTD Parquet, as the sink does, so the
-ratio is what decoding, validation, verification and offset bookkeeping add on top of the write.
-ratio = our rows per second / the baseline's (higher is better; 1.0 means no overhead). No broker
-needed.
+the same batches, no txn, into another fresh table, with the sink's own writer properties
+(`delta_sink.writer_properties()`: ZSTD, dictionary encoding only on low-cardinality strings); the
+old form (dictionary tried on every column) runs once beside it. So the ratio is what decoding,
+validation, verification and offset bookkeeping add on top of the write. Rounds alternate
+(bench/rounds.py); ratio = the median of our rows per second / the baseline's. No broker needed.
 arrow_build_s: a warm, separate build of the baseline's tables, i.e. ours_write_s's share in Arrow.
 
-    python bench/sink.py [--trajectories 20000] [--batch-size 500] [--repeats 3] [--json]
+    python bench/sink.py [--trajectories 20000] [--batch-size 500] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -24,11 +25,12 @@ from pathlib import Path
 
 import polars as pl
 from deltalake import WriterProperties, write_deltalake
+from rounds import Sample, alternate, cpu_seconds, emit, load_average, summary
 
 from producers import SyntheticFleet
 from schemas import TrajectoryCodec
 from schemas.profile import load_profile
-from stream_processors.delta_sink import DeltaSink, trajectories_table
+from stream_processors.delta_sink import DeltaSink, trajectories_table, writer_properties
 from stream_processors.offsets import Coordinates
 from stream_processors.processing import BatchProcessor, SourceMessage
 
@@ -54,7 +56,9 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=20_000)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best counts")
+    parser.add_argument(
+        "--rounds", "--repeats", dest="repeats", type=int, default=3, help="alternated rounds"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -81,7 +85,6 @@ def main() -> None:
     tables = [trajectories_table(p.rows, p.coordinates, now, PROFILE_ID) for p in processed]
     build_s = time.perf_counter() - start
     del processed
-    properties = WriterProperties(compression="ZSTD")
 
     def ours() -> tuple[float, float, float]:
         with tempfile.TemporaryDirectory(prefix="bench-sink-ours-") as tmp:
@@ -100,7 +103,7 @@ def main() -> None:
             _count(uri, "ours", n)
         return process_s + write_s, process_s, write_s
 
-    def baseline() -> float:
+    def baseline(properties: WriterProperties) -> float:
         with tempfile.TemporaryDirectory(prefix="bench-sink-raw-") as tmp:
             uri = Path(tmp) / "trajectories"
             start = time.perf_counter()
@@ -112,42 +115,37 @@ def main() -> None:
             _count(uri, "baseline", n)
         return elapsed
 
-    # Alternate the two and keep each one's best, so neither pays alone for a cold cache.
-    best: tuple[float, float, float] = (float("inf"), 0.0, 0.0)
-    baseline_s = float("inf")
-    for _ in range(args.repeats):
-        best = min(best, ours())
-        baseline_s = min(baseline_s, baseline())
-    ours_s, process_s, write_s = best
+    load_before = load_average()
+    parts: list[tuple[float, float]] = []
 
-    figures = {
-        "ratio": baseline_s / ours_s,
-        "ours_s": ours_s,
-        "baseline_s": baseline_s,
-        "ours_process_s": process_s,
-        "ours_write_s": write_s,
-        "ours_rows_per_s": n / ours_s,
-        "baseline_rows_per_s": n / baseline_s,
-        "ours_mb_per_s": payload_mb / ours_s,
-        "baseline_mb_per_s": payload_mb / baseline_s,
-        "arrow_build_s": build_s,
-        "payload_mb": payload_mb,
-        "message_mb": message_mb,
-        "trajectories": n,
-        "batch_size": args.batch_size,
-        "batches": len(batches),
-        "repeats": args.repeats,
-    }
-    print(
-        f"raw write_deltalake: {figures['baseline_rows_per_s']:.0f} rows/s ({figures['baseline_mb_per_s']:.0f} MB/s of tokens)"
+    def our_side(index: int) -> Sample:
+        cpu0 = cpu_seconds()
+        total, process_s, write_s = ours()
+        parts.append((process_s, write_s))
+        return Sample(items=n, seconds=total, cpu_s=cpu_seconds() - cpu0)
+
+    def base_side(index: int, props: WriterProperties) -> Sample:
+        cpu0 = cpu_seconds()
+        elapsed = baseline(props)
+        return Sample(items=n, seconds=elapsed, cpu_s=cpu_seconds() - cpu0)
+
+    samples = alternate(
+        ("ours", our_side), [("baseline", lambda i: base_side(i, writer_properties()))], args.repeats
     )
-    print(
-        f"process + DeltaSink: {figures['ours_rows_per_s']:.0f} rows/s ({figures['ours_mb_per_s']:.0f} MB/s of tokens);"
-        f" process {process_s:.2f}s, write {write_s:.2f}s"
+    old = base_side(0, WriterProperties(compression="ZSTD"))
+    result = summary(samples, "ours", load_before, unit="rows")
+    result.update(
+        ours_process_s=round(statistics.median(p for p, _ in parts), 3),
+        ours_write_s=round(statistics.median(w for _, w in parts), 3),
+        baseline_old_form_per_s=round(old.rate, 1),
+        arrow_build_s=round(build_s, 3),
+        payload_mb=round(payload_mb, 1),
+        message_mb=round(message_mb, 1),
+        trajectories=n,
+        batch_size=args.batch_size,
+        batches=len(batches),
     )
-    print(f"ratio (our throughput / baseline throughput): {figures['ratio']:.2f}")
-    if args.json:
-        print(json.dumps(figures))
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,268 @@
+"""Every bench under bench/, one after another, into docs/benchmarks.md and docs/benchmarks.json.
+
+Each bench runs as `python bench/NAME.py --json [arguments]` in a subprocess of its own (with a
+time limit); its last stdout line is its JSON. A bench that fails, times out or prints no JSON is
+recorded with its error and the rest still run. The page holds one table (each figure, its
+baseline, rounds, spread), the commit and the machine; the JSON holds every bench's full output.
+
+Benches that need a broker (process, scale, lanes) use ROLLSTREAM_BOOTSTRAP_SERVERS, or this
+script starts one on free loopback ports for the whole run (bench/local_broker.py). The default
+sizes are chosen so the whole run takes about 30 minutes on a 2-core machine; `--quick` is a
+check that every bench runs (about 10 minutes), `--args NAME="..."` replaces one bench's arguments.
+
+    python bench/all.py [--quick] [--only process,codec] [--args process="--rounds 2"] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from local_broker import broker
+from rounds import commit, load_average
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A bench script, what its figure compares, and its arguments by default and in `--quick`."""
+
+    name: str
+    ours: str
+    baseline: str
+    unit: str
+    default: Sequence[str] = ()
+    quick: Sequence[str] = ()
+    timeout_s: float = 900.0
+
+
+BENCHES = (
+    Bench("codec", "packed decode", "Avro arrays decode", "decodes", quick=("--repeats", "300")),
+    Bench(
+        "sink",
+        "DeltaSink append",
+        "write_deltalake",
+        "rows",
+        default=("--trajectories", "1000"),
+        quick=("--trajectories", "300", "--rounds", "2"),
+    ),
+    Bench(
+        "process",
+        "rollstream process",
+        "consumer + write_deltalake (serial, threaded)",
+        "trajectories",
+        default=("--trajectories", "15000", "--backlog", "20000", "--latency-seconds", "15"),
+        quick=(
+            "--trajectories",
+            "5000",
+            "--rounds",
+            "2",
+            "--backlog",
+            "5000",
+            "--latency-seconds",
+            "5",
+            "--code-messages",
+            "200",
+        ),
+        timeout_s=1200,
+    ),
+    Bench(
+        "scale",
+        "2 workers",
+        "1 worker",
+        "trajectories",
+        default=("--trajectories", "6000"),
+        quick=("--trajectories", "3000", "--rounds", "1"),
+    ),
+    Bench("lanes", "throughput lane", "latency lane", "MB", quick=("--flat-out", "3000", "--rounds", "2")),
+    Bench("score", "sandboxed verdicts", "unsandboxed python -S", "verdicts", quick=("--trajectories", "40")),
+    Bench("replay", "ReplayBuffer", "TorchRL", "tokens", quick=("--rows", "1000")),
+    Bench("publish", "Publisher", "Kafka Java producer", "MB", quick=("--mb", "30", "--repeats", "1")),
+    Bench("loop", "the training loop", "its baseline", "tasks", quick=("--rounds", "1")),
+    Bench("rollout", "rollout workers", "their baseline", "tasks", quick=("--rounds", "1", "--tasks", "32")),
+)
+
+
+def run_bench(bench: Bench, arguments: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """One bench's JSON, or {"error": ...} naming what went wrong; with its wall seconds."""
+    command = [sys.executable, str(HERE / f"{bench.name}.py"), "--json", *arguments]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, env=dict(env), capture_output=True, text=True, timeout=bench.timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {bench.timeout_s:.0f} s", "wall_s": bench.timeout_s}
+    wall = round(time.monotonic() - started, 1)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {tail}", "wall_s": wall}
+    try:
+        result = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return {"error": f"last line is not JSON: {lines[-1][:200]}", "wall_s": wall}
+    return {**result, "wall_s": wall, "arguments": list(arguments)}
+
+
+def machine() -> dict[str, Any]:
+    """The machine the figures come from."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": memory_gb,
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.release()}",
+    }
+
+
+def _figure(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return "" if value is None else str(value)
+
+
+def _throughputs(result: Mapping[str, Any]) -> tuple[str, str]:
+    """Ours' and the best baseline's median throughput, as written by bench/rounds.py."""
+    rates = {
+        k[: -len("_per_s")]: v
+        for k, v in result.items()
+        if k.endswith("_per_s") and isinstance(v, (int, float))
+    }
+    ours = rates.pop("ours", None)
+    best = result.get("baseline_per_round") or []
+    name = max(set(best), key=best.count).replace("-", "_") if best else None
+    base = rates.get(name) if name else None
+    return _figure(ours), (f"{_figure(base)} ({name})" if base is not None else "")
+
+
+def page(results: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
+    """docs/benchmarks.md: one table and where it was measured."""
+    rows = [
+        "| bench | ours | baseline | ratio (median) | spread | rounds | ours /s | baseline /s | load before/after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for bench in BENCHES:
+        if bench.name not in results:
+            continue
+        result = results[bench.name]
+        if "error" in result:
+            rows.append(
+                f"| {bench.name} | {bench.ours} | {bench.baseline} | failed: {result['error']} | | | | | |"
+            )
+            continue
+        spread = ""
+        if "ratio_min" in result and "ratio_max" in result:
+            spread = f"{_figure(result['ratio_min'])} to {_figure(result['ratio_max'])}"
+        ours, base = _throughputs(result)
+        load = f"{_figure(result.get('load_before'))} / {_figure(result.get('load_after'))}"
+        rows.append(
+            f"| {bench.name} | {bench.ours} | {bench.baseline} | {_figure(result.get('ratio'))} | {spread} "
+            f"| {_figure(result.get('rounds', result.get('repeats')))} | {ours} | {base} | {load} |"
+        )
+    m = meta["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `python bench/all.py` (do not edit by hand). `ratio` = ours / the better baseline,",
+        "the median over alternated rounds (bench/rounds.py); spread is the lowest and highest per-round",
+        "ratio. Every figure of every bench, per round, is in [benchmarks.json](benchmarks.json); each",
+        "bench's docstring describes its baseline's set-up.",
+        "",
+        *rows,
+        "",
+        f"Commit {meta['commit']}, {meta['date']}, mode {meta['mode']}, {meta['wall_s']:.0f} s in all.",
+        f"Machine: {m['cpus']} cores ({m['cpu_model']}), {m['memory_gib']} GiB, Python {m['python']},",
+        f"{m['system']}; the machine is shared, so the load average is given beside each figure.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes: a check that every bench runs")
+    parser.add_argument("--only", default="", help="comma-separated bench names (default: all)")
+    parser.add_argument(
+        "--args",
+        action="append",
+        default=[],
+        metavar='NAME="ARGS"',
+        help="arguments for one bench instead of its defaults (repeatable)",
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "docs", help="where benchmarks.md/.json go")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    known = {bench.name for bench in BENCHES}
+    only = {name for name in args.only.split(",") if name}
+    if only - known:
+        raise SystemExit(f"unknown bench {sorted(only - known)}; known: {sorted(known)}")
+    overrides: dict[str, list[str]] = {}
+    for item in args.args:
+        name, _, value = item.partition("=")
+        if name not in known:
+            raise SystemExit(f"--args {item!r}: unknown bench {name!r}; known: {sorted(known)}")
+        overrides[name] = shlex.split(value)
+    chosen = [bench for bench in BENCHES if not only or bench.name in only]
+    started = time.monotonic()
+    results: dict[str, dict[str, Any]] = {}
+    with broker("bench-all-") as settings:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "ROLLSTREAM_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        }
+        for bench in chosen:
+            arguments = overrides.get(bench.name, list(bench.quick if args.quick else bench.default))
+            print(f"[all] {bench.name} {' '.join(arguments)}", file=sys.stderr, flush=True)
+            results[bench.name] = run_bench(bench, arguments, env)
+            outcome = results[bench.name].get("error") or f"ratio {results[bench.name].get('ratio')}"
+            print(
+                f"[all] {bench.name}: {outcome} ({results[bench.name]['wall_s']} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    meta = {
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "mode": "quick" if args.quick else "default",
+        "wall_s": time.monotonic() - started,
+        "machine": machine(),
+        "load_after": load_average(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "benchmarks.md").write_text(page(results, meta))
+    document = {**meta, "benches": results}
+    (args.out / "benchmarks.json").write_text(json.dumps(document, indent=1) + "\n")
+    summary = {
+        name: {k: r.get(k) for k in ("ratio", "ratio_min", "ratio_max", "rounds", "error") if k in r}
+        for name, r in results.items()
+    }
+    print(json.dumps({"commit": meta["commit"], "wall_s": round(meta["wall_s"], 1), "benches": summary}))
+
+
+if __name__ == "__main__":
+    main()
