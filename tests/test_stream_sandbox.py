@@ -198,8 +198,11 @@ def test_output_under_the_cap_is_kept_whole(sandbox, host):
 def test_the_sandbox_start_failure_is_a_host_error_never_a_verdict(tmp_path, host):
     broken = Sandbox(tmp_path / "work")
     broken.binary = "/bin/false"
-    with pytest.raises(SandboxHostError, match="bwrap did not start"):
-        broken.run(["python3", "-c", "pass"])
+    try:
+        with pytest.raises(SandboxHostError, match="bwrap did not start"):
+            broken.run(["python3", "-c", "pass"])
+    finally:
+        broken.close()  # its launcher process ends with it
 
 
 def _host_ids(pid: int) -> dict[str, list[int]]:

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
+from collections import deque
 
 import pytest
 
-from stream_processors.sandbox import EnvironmentStore, Limits, Sandbox, SandboxUnavailableError, privileges
+from stream_processors.sandbox import (
+    EnvironmentStore,
+    Limits,
+    Sandbox,
+    SandboxHostError,
+    SandboxUnavailableError,
+    privileges,
+)
 from stream_processors.sandbox import bwrap as bwrap_module
+from stream_processors.sandbox.pids import PidsCgroup
 from stream_processors.verifiers import CodeTestsVerifier
 from stream_processors.verifiers.harness import HARNESS_SOURCE, prepare_tests
 
@@ -74,18 +86,22 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker dro
 
 @root_only
 @pytest.mark.parametrize("step", ["stage", "drop"])
-def test_a_root_worker_that_cannot_drop_to_its_host_id_refuses_to_start(step, monkeypatch, tmp_path):
-    def refused(*_args: object) -> None:
-        raise PermissionError(1, "Operation not permitted (simulated)")
-
-    if step == "stage":
-        monkeypatch.setattr(privileges.Staging, "enter", refused)
-    else:
-        monkeypatch.setattr("stream_processors.sandbox.sandbox.drop_privileges", refused)
+def test_a_root_worker_that_cannot_drop_to_its_host_id_refuses_to_start(step, tmp_path):
+    # real failures in the launcher's child (a separate process: nothing here can be patched)
     sandbox = Sandbox(tmp_path)
     assert sandbox.host_id == privileges.DEFAULT_HOST_ID
-    with pytest.raises(SandboxUnavailableError, match=r"cannot run as uid 200\d{7}: .*simulated") as caught:
-        sandbox.check()
+    assert sandbox.host_ids is not None
+    if step == "stage":  # a directory bwrap must bind that the child cannot open
+        sandbox.python_prefix = str(tmp_path / "no-such-prefix")
+        expected = r"cannot run as uid 200\d{7}: .*No such file"
+    else:  # the id the kernel reads as "leave it unchanged": the check after the drop sees root
+        sandbox.host_ids._free = deque([2**32 - 1])
+        expected = r"cannot run as uid 4294967295: still \(0, 0, 0\)"
+    try:
+        with pytest.raises(SandboxUnavailableError, match=expected) as caught:
+            sandbox.check()
+    finally:
+        sandbox.close()
     assert "CAP_SYS_ADMIN" in str(caught.value) and privileges.AS_ROOT_VARIABLE in str(caught.value)
 
 
@@ -144,3 +160,35 @@ def test_a_harness_run_counts_each_test_and_decodes_the_first_error(tmp_path):
     assert v.detail is not None and v.detail.endswith('AssertionError: é "no"')
     broken = verifier.verify({"trajectory_id": "t", "response_text": "", "unit_tests": "def test_a(:\n"})
     assert broken.status == "fail" and "SyntaxError" in (broken.detail or "")
+
+
+def test_a_launcher_that_dies_fails_its_runs_as_host_errors_and_is_started_again(tmp_path):
+    sandbox = Sandbox(tmp_path / "work", limits=Limits(wall_s=60.0))
+    try:
+        assert sandbox.run(["python3", "-c", "pass"]).ok
+        first = sandbox.launcher.pid
+        assert first is not None
+        errors: list[Exception] = []
+
+        def long_run() -> None:
+            try:
+                errors.append(AssertionError(sandbox.run(["python3", "-c", "import time; time.sleep(50)"])))
+            except SandboxHostError as exc:
+                errors.append(exc)
+
+        runner = threading.Thread(target=long_run)
+        runner.start()
+        deadline = time.monotonic() + 30
+        # bwrap, the sandbox's PID 1 and the code: the execution is under way
+        while sum(len(PidsCgroup.existing(c).pids()) for c in sandbox.cgroups.iterdir() if c.is_dir()) < 3:
+            assert time.monotonic() < deadline, "the execution never started"
+            time.sleep(0.05)
+        os.kill(first, signal.SIGKILL)
+        runner.join(timeout=30)
+        assert not runner.is_alive(), "bwrap outlived its launcher"
+        assert len(errors) == 1 and isinstance(errors[0], SandboxHostError), errors
+        assert [c for c in sandbox.cgroups.iterdir() if c.is_dir()] == []
+        assert sandbox.run(["python3", "-c", "pass"]).ok
+        assert sandbox.launcher.pid not in (None, first)
+    finally:
+        sandbox.close()

@@ -1,10 +1,28 @@
-"""Untrusted code in bubblewrap: namespaces, limits, environments, a pool, and what each run did."""
+"""Untrusted code in bubblewrap: namespaces, limits, environments, a pool, and what each run did.
 
-from stream_processors.sandbox.environments import EMPTY, Environment, EnvironmentStore, content_id
-from stream_processors.sandbox.exceptions import SandboxError, SandboxHostError, SandboxUnavailableError
-from stream_processors.sandbox.limits import Limits
-from stream_processors.sandbox.pool import SandboxPool
-from stream_processors.sandbox.sandbox import Execution, Outcome, Sandbox
+Names are imported on first use (PEP 562), so the launcher process (launcher.py) loads only the
+modules its child set-up needs and stays small.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "EMPTY": "stream_processors.sandbox.environments",
+    "Environment": "stream_processors.sandbox.environments",
+    "EnvironmentStore": "stream_processors.sandbox.environments",
+    "content_id": "stream_processors.sandbox.environments",
+    "SandboxError": "stream_processors.sandbox.exceptions",
+    "SandboxHostError": "stream_processors.sandbox.exceptions",
+    "SandboxUnavailableError": "stream_processors.sandbox.exceptions",
+    "Limits": "stream_processors.sandbox.limits",
+    "SandboxPool": "stream_processors.sandbox.pool",
+    "Execution": "stream_processors.sandbox.sandbox",
+    "Outcome": "stream_processors.sandbox.sandbox",
+    "Sandbox": "stream_processors.sandbox.sandbox",
+}
 
 __all__ = [
     "EMPTY",
@@ -20,3 +38,24 @@ __all__ = [
     "SandboxUnavailableError",
     "content_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stream_processors.sandbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if TYPE_CHECKING:
+    from stream_processors.sandbox.environments import EMPTY, Environment, EnvironmentStore, content_id
+    from stream_processors.sandbox.exceptions import SandboxError, SandboxHostError, SandboxUnavailableError
+    from stream_processors.sandbox.limits import Limits
+    from stream_processors.sandbox.pool import SandboxPool
+    from stream_processors.sandbox.sandbox import Execution, Outcome, Sandbox

@@ -17,11 +17,12 @@ import os
 import select
 import shutil
 import signal
-import subprocess
+import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -38,17 +39,10 @@ from stream_processors.sandbox.bwrap import (
 )
 from stream_processors.sandbox.environments import Environment
 from stream_processors.sandbox.exceptions import SandboxHostError, SandboxUnavailableError
-from stream_processors.sandbox.limits import Limits, apply_rlimits
+from stream_processors.sandbox.launcher import Launcher, Request, receive
+from stream_processors.sandbox.limits import Limits
 from stream_processors.sandbox.pids import PidsCgroup, pids_root
-from stream_processors.sandbox.privileges import (
-    AS_ROOT_VARIABLE,
-    HostIds,
-    Paths,
-    Staging,
-    drop_privileges,
-    fail_in_child,
-    host_id,
-)
+from stream_processors.sandbox.privileges import AS_ROOT_VARIABLE, HostIds, Paths, Staging, host_id
 
 Outcome = Literal[
     "exited",
@@ -174,6 +168,70 @@ class _Capped:
         return bytes(self.head + middle + self.tail).decode("utf-8", errors="replace")
 
 
+_REPLY_TIMEOUT_S = 30.0
+"""How long the launcher may take to report bwrap's end once bwrap is gone (it reaps at once)."""
+
+
+class _Child:
+    """bwrap as the launcher started it: its pid and pidfd, the worker's ends of its streams, and
+    the reply socket on which the launcher reports how it ended."""
+
+    def __init__(
+        self, pid: int, pidfd: int, reply: socket.socket, stdin: int, stdout: int, stderr: int
+    ) -> None:
+        self.pid, self.pidfd, self.reply = pid, pidfd, reply
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+        self.cpu_s = 0.0
+        self._open = [stdin, stdout, stderr]
+
+    def write_stdin(self, data: bytes) -> None:
+        """Write `data` to bwrap's stdin and close it (what the code does not read is dropped)."""
+        with contextlib.suppress(OSError):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.stdin, view) :]
+        self._close(self.stdin)
+
+    def _close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.remove(fd)
+            os.close(fd)
+
+    def close_streams(self) -> None:
+        for fd in list(self._open):
+            self._close(fd)
+
+    def kill(self) -> None:
+        """SIGKILL bwrap through its pidfd (never another process that took its pid)."""
+        if self.returncode is None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    def wait(self) -> int:
+        """bwrap's exit code (negative: the signal), as the launcher reaped it."""
+        if self.returncode is None:
+            self.reply.settimeout(_REPLY_TIMEOUT_S)
+            try:
+                message, fds = receive(self.reply)
+            except OSError as exc:
+                raise SandboxHostError(f"the sandbox launcher did not report bwrap's end: {exc}") from exc
+            for fd in fds:
+                os.close(fd)
+            if message[0] != "ended":
+                raise SandboxHostError("the sandbox launcher ended while bwrap ran; retry")
+            status, cpu = message[1], message[2]
+            assert isinstance(status, int) and isinstance(cpu, float)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self.cpu_s = cpu
+        return self.returncode
+
+    def close(self) -> None:
+        self.close_streams()
+        os.close(self.pidfd)
+        self.reply.close()
+
+
 class Sandbox:
     """Runs commands under bubblewrap; thread-safe, one process tree per `run`.
 
@@ -208,6 +266,8 @@ class Sandbox:
         _remove_stale(shared, self.work_root)
         self.cgroups = shared / f"worker-{os.getpid()}"
         self.cgroups.mkdir(exist_ok=True)
+        self.launcher = Launcher()
+        weakref.finalize(self, self.launcher.close)
 
     def check(self) -> Execution:
         """Run ``python -c pass`` in the sandbox once; raises SandboxUnavailableError naming the cause."""
@@ -329,42 +389,57 @@ class Sandbox:
         oom_before = _oom_kills()
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(status_write,),
-                env={},  # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1
-                start_new_session=True,
-                preexec_fn=_child_setup(cgroup, limits, uid, staging),
-                close_fds=True,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:  # the latter: the child setup raised
+            child = self._spawn(Request(argv, cgroup, limits, uid, staging), status_write)
+        except SandboxHostError:
             os.close(status_read)
-            os.close(status_write)
             cgroup.destroy()
-            raise SandboxHostError(f"cannot start bwrap ({self.binary}): {exc}") from exc
-        os.close(status_write)
-        try:
-            return self._watch(proc, cgroup, limits, status_read, start, oom_before, stdin, environment)
+            raise
         finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
+            os.close(status_write)
+        try:
+            return self._watch(child, cgroup, limits, status_read, start, oom_before, stdin, environment)
+        finally:
+            child.kill()
+            child.close_streams()
             os.close(status_read)
-            if proc.returncode is None:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(proc.pid, 0)
-                proc.returncode = -9
-            cgroup.destroy()
+            try:
+                child.wait()
+            finally:
+                child.close()
+                cgroup.destroy()
+
+    def _spawn(self, request: Request, status_write: int) -> _Child:
+        """Have the launcher start bwrap on fresh pipes; the started child, or SandboxHostError."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        ours, theirs = (stdin_w, stdout_r, stderr_r), (stdin_r, stdout_w, stderr_w)
+        reply = None
+        try:
+            reply = self.launcher.spawn(request, stdin_r, stdout_w, stderr_w, status_write)
+            message, fds = receive(reply)
+        except OSError as exc:
+            message, fds = ("failed", f"the launcher could not be reached: {exc}"), []
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        if message[0] != "started" or len(fds) != 1:
+            for fd in (*ours, *fds):
+                os.close(fd)
+            if reply is not None:
+                reply.close()
+            detail = message[1] if message[0] == "failed" else "the launcher ended"
+            raise SandboxHostError(f"cannot start bwrap ({self.binary}): {detail}")
+        assert reply is not None and isinstance(message[1], int)
+        return _Child(message[1], fds[0], reply, *ours)
+
+    def close(self) -> None:
+        """End the launcher process (started again on the next run)."""
+        self.launcher.close()
 
     def _watch(
         self,
-        proc: subprocess.Popen[bytes],
+        child: _Child,
         cgroup: PidsCgroup,
         limits: Limits,
         status_fd: int,
@@ -373,15 +448,11 @@ class Sandbox:
         stdin: bytes,
         environment: Environment | None,
     ) -> Execution:
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        with contextlib.suppress(BrokenPipeError, OSError):
-            if stdin:
-                proc.stdin.write(stdin)
-            proc.stdin.close()
+        child.write_stdin(stdin)
         out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)
-        streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        streams = {child.stdout: out, child.stderr: err}
         status = bytearray()
-        pidfd = os.pidfd_open(proc.pid)
+        pidfd = child.pidfd
         poller = select.poll()
         for fd in (*streams, status_fd, pidfd):
             poller.register(fd, select.POLLIN)
@@ -393,54 +464,49 @@ class Sandbox:
         exited = False
 
         def kill_tree() -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            child.kill()
             for pid in cgroup.pids():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
-        try:
-            while not exited or streams:
-                now = time.monotonic()
-                remaining = deadline - now
-                if remaining <= 0 and not timed_out:
-                    timed_out = True
-                    kill_tree()
-                if not exited and not timed_out and now >= next_sample:
-                    usage.sample(cgroup.pids())
-                    next_sample = now + _SAMPLE_MS / 1000
-                wait_ms = 50 if timed_out else max(1, min(_SAMPLE_MS, int(remaining * 1000) + 1))
-                for fd, _ in poller.poll(wait_ms):
-                    if fd == pidfd:
-                        exited = True
-                        poller.unregister(pidfd)
-                        continue
-                    if fd != status_fd and fd not in streams:
-                        continue  # a stream dropped earlier in this batch of events
-                    chunk = os.read(fd, _CHUNK)
-                    if fd == status_fd:
-                        if chunk:
-                            status += chunk
-                        else:
-                            poller.unregister(fd)
-                    elif chunk:
-                        streams[fd].feed(chunk)
-                        if streams[fd].total > limits.output_bytes and not over_output:
-                            # past the cap: stop the tree and read no more of either stream
-                            over_output = True
-                            kill_tree()
-                            for open_fd in streams:
-                                poller.unregister(open_fd)
-                            streams.clear()
+        while not exited or streams:
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0 and not timed_out:
+                timed_out = True
+                kill_tree()
+            if not exited and not timed_out and now >= next_sample:
+                usage.sample(cgroup.pids())
+                next_sample = now + _SAMPLE_MS / 1000
+            wait_ms = 50 if timed_out else max(1, min(_SAMPLE_MS, int(remaining * 1000) + 1))
+            for fd, _ in poller.poll(wait_ms):
+                if fd == pidfd:
+                    exited = True
+                    poller.unregister(pidfd)
+                    continue
+                if fd != status_fd and fd not in streams:
+                    continue  # a stream dropped earlier in this batch of events
+                chunk = os.read(fd, _CHUNK)
+                if fd == status_fd:
+                    if chunk:
+                        status += chunk
                     else:
                         poller.unregister(fd)
-                        del streams[fd]
-                if exited and (timed_out or over_output):
-                    break
-        finally:
-            os.close(pidfd)
-        _, wait_status, rusage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(wait_status)
+                elif chunk:
+                    streams[fd].feed(chunk)
+                    if streams[fd].total > limits.output_bytes and not over_output:
+                        # past the cap: stop the tree and read no more of either stream
+                        over_output = True
+                        kill_tree()
+                        for open_fd in streams:
+                            poller.unregister(open_fd)
+                        streams.clear()
+                else:
+                    poller.unregister(fd)
+                    del streams[fd]
+            if exited and (timed_out or over_output):
+                break
+        returncode = child.wait()
         wall = time.monotonic() - start
         with contextlib.suppress(OSError):
             while chunk := os.read(status_fd, 1 << 16):
@@ -448,14 +514,14 @@ class Sandbox:
         reports = _status_objects(bytes(status))
         if not any("child-pid" in r for r in reports) and not timed_out and not over_output:
             raise SandboxHostError(
-                f"bwrap did not start the sandbox (exit {proc.returncode}): {err.text()[-500:].strip()!r}"
+                f"bwrap did not start the sandbox (exit {returncode}): {err.text()[-500:].strip()!r}"
             )
-        exit_status = next((r["exit-code"] for r in reports if "exit-code" in r), proc.returncode)
+        exit_status = next((r["exit-code"] for r in reports if "exit-code" in r), returncode)
         code: int | None = exit_status
         sig: int | None = None
         if exit_status is not None and exit_status > 128:
             sig, code = exit_status - 128, None
-        cpu = max(usage.cpu_s, rusage.ru_utime + rusage.ru_stime)
+        cpu = max(usage.cpu_s, child.cpu_s)
         outcome: Outcome = "exited" if sig is None else "signaled"
         if timed_out or over_output:
             sig, code = None, None
@@ -489,28 +555,6 @@ class Sandbox:
             limits=limits,
             environment_id=environment.id if environment is not None else "",
         )
-
-
-def _child_setup(
-    cgroup: PidsCgroup, limits: Limits, uid: int | None, staging: Staging | None
-) -> Callable[[], None]:
-    """What the child does between fork and exec (no imports, no locks): join the cgroup, set the
-    rlimits and, given a host `uid` (with its `staging`), first stage bwrap's binds and last become
-    that id."""
-
-    def setup() -> None:
-        cgroup.join()
-        if uid is None or staging is None:
-            apply_rlimits(limits)
-            return
-        try:
-            staging.enter()
-            apply_rlimits(limits)
-            drop_privileges(uid)
-        except Exception as exc:  # never exec bwrap as root: end here, saying why
-            fail_in_child(f"cannot run as uid {uid}: {exc}")
-
-    return setup
 
 
 def _alive(pid: str) -> bool:
