@@ -8,13 +8,16 @@ rescore, learn, demo), lake.py (sql, maintain, report), serve.py (serve), rollou
 """
 
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import typer
 from confluent_kafka import KafkaException
 
 from infra.cli import common, lake, pipeline, rollout, serve, stack, tasks
 from infra.cli.common import UsageError, root
+from infra.exceptions import SettingsWarning
 from schemas.exceptions import RollstreamError
 
 __all__ = ["UsageError", "main"]
@@ -37,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.INVOCATION[:] = args
     name = next((a for a in args if not a.startswith("-")), "")
     name = name if name in _COMMANDS else ""
+    warnings.showwarning = _show_warning
     try:
         result = typer.main.get_command(root).main(args=args, prog_name="rollstream", standalone_mode=False)
     except RollstreamError as exc:
@@ -60,6 +64,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{where}: error: {message}; see `{where} --help`", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
     return result if isinstance(result, int) else 0
+
+
+_show_other = warnings.showwarning
+
+
+def _show_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """A settings warning as one line on stderr; others as Python shows them."""
+    if issubclass(category, SettingsWarning):
+        print(f"rollstream: warning: {message}", file=sys.stderr)
+    else:
+        _show_other(message, category, *args, **kwargs)
 
 
 if __name__ == "__main__":
