@@ -144,7 +144,7 @@ _UNION: Any = Union
 
 
 _COMMON_FLAGS: dict[tuple[str, ...], str] = {
-    FLAT_NAMES.get(name, (name,)): "--" + name.replace("_", "-")
+    tuple(FLAT_NAMES.get(name, (name,))): "--" + name.replace("_", "-")
     for name in (
         "state_dir",
         "kafka_port",
@@ -154,7 +154,8 @@ _COMMON_FLAGS: dict[tuple[str, ...], str] = {
         "bootstrap_servers",
         "lake_uri",
     )
-} | {("storage_options",): "--storage-option", ("kafka", "client"): "--kafka-client"}
+}
+_COMMON_FLAGS |= {("storage_options",): "--storage-option", ("kafka", "client"): "--kafka-client"}
 
 
 def command(
