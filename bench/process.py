@@ -2,7 +2,7 @@
 
 Ours: `rollstream process` (a subprocess: Faust, scoring of math and extraction, groups, domain
 statistics, state in the commit) on a topic holding `--trajectories` fleet messages, code tasks
-turned into precomputed ones (`without_code`: the issue scores math and extraction here; the
+turned into precomputed ones (`without_code`: this benchmark scores math and extraction; the
 sandbox has its own benchmark, bench/score.py). Baseline, in
 the same run on the same messages: a confluent-kafka consumer that decodes each message (no
 validation, no scoring) and appends Arrow tables with plain `write_deltalake`, committing by the
@@ -16,7 +16,7 @@ WARMUP_S and then `--latency-seconds`; per group published after the warm-up (wh
 start-up rebalances of the worker's two consumers: the broker delays a new group's first
 assignment by 3 s), the time from the publish of its last sample to its rows visible in the table
 (polled every 50 ms). peak_rss_mb: the worker's peak resident memory (children
-included) while it works through a backlog of `--backlog` messages (the issue asks 200,000:
+included) while it works through a backlog of `--backlog` messages (e.g. 200,000:
 `--backlog 200000`, several minutes here).
 
 Needs a broker: `rollstream up` (or set ROLLSTREAM_BOOTSTRAP_SERVERS).

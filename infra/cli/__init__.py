@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from confluent_kafka import KafkaException
 
 from infra.cli import common, lake, pipeline, rollout, serve, stack, tasks
 from infra.cli.common import UsageError, root
@@ -46,13 +45,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RollstreamError as exc:
         print(f"rollstream {name}: error: {exc}".replace("rollstream : ", "rollstream: "), file=sys.stderr)
         return 2
-    except KafkaException as exc:
-        print(
-            f"rollstream {name}: error: Kafka: {exc.args[0].str() if exc.args else exc}; "
-            "is the broker up? `rollstream status` tells, `rollstream up` starts it",
-            file=sys.stderr,
-        )
-        return 2
     except typer.Abort:
         return 130
     except KeyboardInterrupt:
@@ -63,7 +55,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = f"rollstream {name}" if name else "rollstream"
             print(f"{where}: error: {message}; see `{where} --help`", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
+    except Exception as exc:
+        if not _is_kafka_error(exc):
+            raise
+        print(
+            f"rollstream {name}: error: Kafka: {exc.args[0].str() if exc.args else exc}; "
+            "is the broker up? `rollstream status` tells, `rollstream up` starts it",
+            file=sys.stderr,
+        )
+        return 2
     return result if isinstance(result, int) else 0
+
+
+def _is_kafka_error(exc: Exception) -> bool:
+    """True for a confluent-kafka error; the module is only looked at when a command loaded it."""
+    kafka = sys.modules.get("confluent_kafka")
+    return kafka is not None and isinstance(exc, kafka.KafkaException)
 
 
 _show_other = warnings.showwarning
