@@ -46,3 +46,7 @@ class DemoError(InfraError):
 
 class InstallError(InfraError):
     """A tool the demo or the tests need is missing, or its install step failed."""
+
+
+class SettingsWarning(UserWarning):
+    """A setting is given under an old name that still works; the message names the new one."""

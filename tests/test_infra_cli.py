@@ -34,7 +34,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             ["status", "--kafka-client", "nope"],
             "rollstream status: error: --kafka-client 'nope': give KEY=VALUE",
         ),
-        (["status", "--lake-uri", "ftp://x"], "rollstream status: error: override: lake_uri = 'ftp://x' has"),
+        (["status", "--lake-uri", "ftp://x"], "rollstream status: error: flag --lake-uri = 'ftp://x': has"),
         (["profile", "fit", "t.csv", "--quantiles", "0.5", "--edges", "9"], "exclude each other"),
     ],
 )

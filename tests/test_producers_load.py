@@ -17,8 +17,8 @@ from schemas.profile import Bucket, WorkloadProfile, load_profile
 
 pytestmark = pytest.mark.timeout(400)
 MESSAGES = 100_000 if SOAK else 40_000
-"""Trajectories published by 4 processes: 100,000 (the issue's count) with ROLLSTREAM_SOAK=1; at
-that size on 2 cores the broker's controller once fell seconds behind and fenced the broker."""
+"""Trajectories published by 4 processes: 100,000 with ROLLSTREAM_SOAK=1; at that size on
+2 cores the broker's controller can fall seconds behind and fence the broker."""
 
 
 def tiny_profile(path):

@@ -1,4 +1,4 @@
-"""Issue 6's Done-when on the real broker: groups split across batches and lanes, SIGKILL thrice, same numbers.
+"""On the real broker: groups split across batches and lanes, SIGKILL thrice, same numbers.
 
 20,000 trajectories in groups of 8, keyed by group_id; the longest samples go to the ultra topic, so
 a group's samples arrive in batches of both lanes. One worker runs clean; another, on a fresh lake,

@@ -70,7 +70,7 @@ def test_a_batch_processor_with_the_pool_gives_the_same_samples():
 
 
 def test_pool_processes_end_when_their_worker_is_sigkilled(tmp_path):
-    """A SIGKILLed worker leaves no pool process behind (they used to live on, reparented to init)."""
+    """A SIGKILLed worker leaves no pool process behind (none lives on, reparented to init)."""
     script = (
         "import os, sys, time\n"
         "from stream_processors.verifier_pool import VerifierPool\n"

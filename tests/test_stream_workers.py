@@ -142,8 +142,8 @@ def test_two_workers_share_partitions_and_one_is_killed(
     assert rows.select("partition", "offset").n_unique() == TRAJECTORIES
     assert rows.group_by("group_id").len()["len"].unique().to_list() == [GROUP_SIZE]  # every group whole
     assert set(rows["partition"].unique()) == set(range(PARTITIONS))
-    # The issue asks for a takeover within 15 s (session timeout 10 s, then one rebalance); the
-    # bound here only guards against the old 60 s hold, so a loaded machine does not fail it.
+    # A takeover takes about 15 s (session timeout 10 s, then one rebalance); the bound here is
+    # loose so that a loaded machine does not fail it, and still catches a 60 s hold.
     assert takeover_s < 45, f"the survivor took {takeover_s:.1f} s to get the dead worker's partitions"
 
 

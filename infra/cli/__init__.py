@@ -8,13 +8,15 @@ rescore, learn, demo), lake.py (sql, maintain, report), serve.py (serve), rollou
 """
 
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import typer
-from confluent_kafka import KafkaException
 
 from infra.cli import common, lake, pipeline, rollout, serve, stack, tasks
 from infra.cli.common import UsageError, root
+from infra.exceptions import SettingsWarning
 from schemas.exceptions import RollstreamError
 
 __all__ = ["UsageError", "main"]
@@ -37,17 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.INVOCATION[:] = args
     name = next((a for a in args if not a.startswith("-")), "")
     name = name if name in _COMMANDS else ""
+    warnings.showwarning = _show_warning
     try:
         result = typer.main.get_command(root).main(args=args, prog_name="rollstream", standalone_mode=False)
     except RollstreamError as exc:
         print(f"rollstream {name}: error: {exc}".replace("rollstream : ", "rollstream: "), file=sys.stderr)
-        return 2
-    except KafkaException as exc:
-        print(
-            f"rollstream {name}: error: Kafka: {exc.args[0].str() if exc.args else exc}; "
-            "is the broker up? `rollstream status` tells, `rollstream up` starts it",
-            file=sys.stderr,
-        )
         return 2
     except typer.Abort:
         return 130
@@ -59,7 +55,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = f"rollstream {name}" if name else "rollstream"
             print(f"{where}: error: {message}; see `{where} --help`", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
+    except Exception as exc:
+        if not _is_kafka_error(exc):
+            raise
+        print(
+            f"rollstream {name}: error: Kafka: {exc.args[0].str() if exc.args else exc}; "
+            "is the broker up? `rollstream status` tells, `rollstream up` starts it",
+            file=sys.stderr,
+        )
+        return 2
     return result if isinstance(result, int) else 0
+
+
+def _is_kafka_error(exc: Exception) -> bool:
+    """True for a confluent-kafka error; the module is only looked at when a command loaded it."""
+    kafka = sys.modules.get("confluent_kafka")
+    return kafka is not None and isinstance(exc, kafka.KafkaException)
+
+
+_show_other = warnings.showwarning
+
+
+def _show_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """A settings warning as one line on stderr; others as Python shows them."""
+    if issubclass(category, SettingsWarning):
+        print(f"rollstream: warning: {message}", file=sys.stderr)
+    else:
+        _show_other(message, category, *args, **kwargs)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
 import typer
 
 from infra.settings import Settings
+from infra.settings_sections import FLAT_NAMES, SECTIONS, flat_name
 from schemas.exceptions import RollstreamError
 
 root = typer.Typer(
@@ -60,11 +61,21 @@ class Common:
     lake_uri: str | None = None
     storage_option: tuple[str, ...] = ()
     kafka_client: tuple[str, ...] = ()
+    section_flags: tuple[tuple[str, str, str, Any], ...] = ()
+    """(section, field, flag, value) of each section setting given on the command line."""
 
     def settings(self) -> Settings:
         """Fold defaults, the config file, the environment and these flags."""
+        sections: dict[str, dict[str, Any]] = {}
+        for section, field, _, value in self.section_flags:
+            sections.setdefault(section, {})[field] = value
         return Settings.load(
             self.config,
+            flags={
+                **_COMMON_FLAGS,
+                **{(section, field): flag for section, field, flag, _ in self.section_flags},
+            },
+            **sections,
             state_dir=self.state_dir,
             kafka_port=self.kafka_port,
             controller_port=self.controller_port,
@@ -97,22 +108,84 @@ _COMMON = [
 ]
 
 
-def command(app: typer.Typer, name: str, help_: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Register `fn(common, **own)` as command `name`, taking its own options and the settings flags."""
+def section_options(section: str) -> list[tuple[str, str, inspect.Parameter]]:
+    """(field, flag, parameter) of each setting of `section` that has a flag, made from its field.
+
+    Every option defaults to None (not given), so the environment and the file still apply; the
+    help shows the field's description and default.
+    """
+    options = []
+    for field, info in SECTIONS[section].model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("flag") is False:
+            continue
+        flag = str(extra.get("flag") or "--" + flat_name(section, field).replace("_", "-"))
+        kind = info.annotation
+        default = info.get_default(call_default_factory=True)
+        help_ = f"{info.description} (setting {section}.{field}; default {default!r})"
+        option = typer.Option(
+            flag,
+            help=help_,
+            metavar=str(extra["metavar"]) if "metavar" in extra else None,
+            rich_help_panel=f"Settings: {section}",
+            show_default=False,
+        )
+        annotation = _ANNOTATED[_UNION[kind, None], option]
+        name = f"{section}__{field}"
+        options.append(
+            (field, flag.split("/")[0], inspect.Parameter(name, _KW, default=None, annotation=annotation))
+        )
+    return options
+
+
+_KW = inspect.Parameter.KEYWORD_ONLY
+_ANNOTATED: Any = Annotated
+_UNION: Any = Union
+
+
+_COMMON_FLAGS: dict[tuple[str, ...], str] = {
+    tuple(FLAT_NAMES.get(name, (name,))): "--" + name.replace("_", "-")
+    for name in (
+        "state_dir",
+        "kafka_port",
+        "controller_port",
+        "mlflow_port",
+        "brokers",
+        "bootstrap_servers",
+        "lake_uri",
+    )
+}
+_COMMON_FLAGS |= {("storage_options",): "--storage-option", ("kafka", "client"): "--kafka-client"}
+
+
+def command(
+    app: typer.Typer, name: str, help_: str, *, sections: tuple[str, ...] = ()
+) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Register `fn(common, **own)` as command `name`, taking its own options, the settings flags and
+    a flag per setting of each of `sections` (made from the settings model)."""
 
     def register(fn: Callable[..., int]) -> Callable[..., int]:
         signature = inspect.signature(fn, eval_str=True)
         own = [p for name_, p in signature.parameters.items() if name_ != "common"]
+        generated = {section: section_options(section) for section in sections}
+        extra = [parameter for options in generated.values() for _, _, parameter in options]
 
         @functools.wraps(fn)
         def run(**values: Any) -> int:
             common = {p.name: values.pop(p.name) for p in _COMMON}
             common["storage_option"] = tuple(common["storage_option"] or ())
             common["kafka_client"] = tuple(common["kafka_client"] or ())
-            return fn(Common(**common), **values)
+            given = []
+            for section, options in generated.items():
+                for field, flag, parameter in options:
+                    value = values.pop(parameter.name)
+                    if value is not None:
+                        given.append((section, field, flag, value))
+            return fn(Common(**common, section_flags=tuple(given)), **values)
 
-        run.__signature__ = signature.replace(parameters=[*own, *_COMMON])  # type: ignore[attr-defined]
-        run.__annotations__ = {p.name: p.annotation for p in [*own, *_COMMON]} | {"return": int}
+        parameters = [*own, *extra, *_COMMON]
+        run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": int}
         app.command(name, help=help_, short_help=help_)(run)
         return fn
 

@@ -24,7 +24,12 @@ LAKE_POLL_S = 1.0
 """How often the lake's policies table is read for the newest version."""
 
 
-@command(app, "rollout", "take tasks, generate their groups through a backend, publish them, then ack")
+@command(
+    app,
+    "rollout",
+    "take tasks, generate their groups through a backend, publish them, then ack",
+    sections=("rollout",),
+)
 def rollout(
     common: Common,
     backend: Annotated[
@@ -44,24 +49,10 @@ def rollout(
             "--tokenizer", help="tokenizer file or module:factory, for text prompts and sample text"
         ),
     ] = None,
-    dialect: Annotated[
-        Literal["openai", "generate", "sglang"], typer.Option("--dialect", help="the server's API")
-    ] = "openai",
     server_version: Annotated[
         int | None,
         typer.Option("--server-version", help="the weight version of a server that reports none (vLLM)"),
     ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="tasks generated at once")] = 4,
-    max_lag: Annotated[
-        int | None,
-        typer.Option("--max-lag", help="start a task only while newest - served version < K (needs --lake)"),
-    ] = None,
-    on_weight_change: Annotated[
-        Literal["finish", "abort"],
-        typer.Option(
-            "--on-weight-change", help="a group whose weights changed: publish it, or requeue its task"
-        ),
-    ] = "finish",
     lake: Annotated[
         str | None,
         typer.Option(
@@ -81,8 +72,6 @@ def rollout(
     signal.signal(signal.SIGTERM, _exit_before_start)
     if test_pause_at is not None and test_pause_at not in PAUSE_MOMENTS:
         raise UsageError(f"--test-pause-at {test_pause_at!r}; give one of {', '.join(PAUSE_MOMENTS)}")
-    if max_lag is not None and lake is None:
-        raise UsageError("--max-lag needs --lake LAKE: the newest version is read from its policies table")
     if backend == "torch" and policy is None:
         raise UsageError("--backend torch needs --policy (tiny, transformer or module:factory)")
     if backend != "torch" and policy is not None:
@@ -90,6 +79,8 @@ def rollout(
     if max_tasks is not None and max_tasks < 1:
         raise UsageError(f"--max-tasks {max_tasks}; give at least 1, or leave it out to run until stopped")
     settings = common.settings()
+    if settings.rollout.max_lag is not None and lake is None:
+        raise UsageError("--max-lag needs --lake LAKE: the newest version is read from its policies table")
     worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
     stats = asyncio.run(
         _work(
@@ -98,11 +89,11 @@ def rollout(
             policy=policy,
             vocab_size=vocab_size,
             tokenizer_spec=tokenizer,
-            dialect=dialect,
+            dialect=settings.rollout.dialect,
             server_version=server_version,
-            concurrency=concurrency,
-            max_lag=max_lag,
-            on_weight_change=on_weight_change,
+            concurrency=settings.rollout.concurrency,
+            max_lag=settings.rollout.max_lag,
+            on_weight_change=settings.rollout.on_weight_change,
             lake=lake,
             worker_id=worker,
             max_tasks=max_tasks,

@@ -226,3 +226,14 @@ def offsets_reset(
         f"{app_id!r}: trajectories version {version}; domain statistics kept"
     )
     return 0
+
+
+@command(
+    app,
+    "settings",
+    "print the effective settings (file, environment and flags folded) as one JSON object",
+    sections=("stream", "sandbox", "learner", "replay"),
+)
+def settings(common: Common) -> int:
+    print(json.dumps(common.settings().model_dump(mode="json"), sort_keys=True))
+    return 0

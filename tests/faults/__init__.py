@@ -1,1 +1,1 @@
-"""Faults and hostile input (issue 11): each test fails if a record is lost or doubled."""
+"""Faults and hostile input: each test fails if a record is lost or doubled."""
