@@ -129,12 +129,87 @@ def gather_columns(
     )
 
 
+def padded_rows(
+    chunks: Sequence[Chunk], chunk_of: npt.NDArray[np.int64], row_of: npt.NDArray[np.int64], max_length: int
+) -> TrajectoryBatch:
+    """The padded batch of the selected rows, copied straight from their chunks.
+
+    The same batch as `TrajectoryColumns.batch` over `gather_columns` (prompt tail, response head,
+    cut to `max_length`), built with one slice copy per row and field instead of an index per
+    token: rows run to hundreds of tokens, so per-row copies move the same bytes for less work.
+    """
+    count = len(row_of)
+    spans = np.empty((count, 6), dtype=np.int64)
+    pairs = list(zip(chunk_of.tolist(), row_of.tolist(), strict=True))
+    for c in np.unique(chunk_of).tolist():
+        inside = np.flatnonzero(chunk_of == c)
+        rows = row_of[inside]
+        chunk = chunks[c]
+        for k, column in enumerate((chunk.prompt, chunk.response, chunk.logprobs)):
+            spans[inside, 2 * k] = column.offsets[rows]
+            spans[inside, 2 * k + 1] = column.offsets[rows + 1] - column.offsets[rows]
+    prompt_length, response_length, logprob_length = spans[:, 1], spans[:, 3], spans[:, 5]
+    response_keep = np.minimum(response_length, max_length - np.minimum(prompt_length, 1))
+    prompt_keep = np.minimum(prompt_length, max_length - response_keep)
+    logprob_keep = np.minimum(logprob_length, response_keep)
+    total = prompt_keep + response_keep
+    width = max(int(total.max(initial=0)), 1)
+    input_ids = np.zeros((count, width), dtype=np.int64)
+    old_logprobs = np.zeros((count, width), dtype=np.float32)
+    trained = np.ones((count, width), dtype=np.bool_)
+    masked = False
+    advantages = np.empty(count, dtype=np.float32)
+    rewards = np.empty(count, dtype=np.float32)
+    trajectory_ids: list[str] = []
+    table = zip(
+        pairs,
+        spans[:, 0].tolist(),
+        (prompt_length - prompt_keep).tolist(),
+        prompt_keep.tolist(),
+        spans[:, 2].tolist(),
+        response_keep.tolist(),
+        spans[:, 4].tolist(),
+        logprob_keep.tolist(),
+        strict=True,
+    )
+    for i, ((c, r), p0, skip, pk, r0, rk, l0, lk) in enumerate(table):
+        chunk = chunks[c]
+        if pk:
+            input_ids[i, :pk] = chunk.prompt.values[p0 + skip : p0 + skip + pk]
+        input_ids[i, pk : pk + rk] = chunk.response.values[r0 : r0 + rk]
+        old_logprobs[i, pk : pk + lk] = chunk.logprobs.values[l0 : l0 + lk]
+        if chunk.loss_mask is not None:
+            trained[i, pk : pk + rk] = chunk.loss_mask.values[r0 : r0 + rk]
+            masked = True
+        advantages[i] = chunk.advantage[r]
+        rewards[i] = chunk.reward[r]
+        trajectory_ids.append(str(chunk.trajectory_ids[r]))
+    positions = np.arange(width)[None, :]
+    attention_mask = positions < total[:, None]
+    response_mask = attention_mask & (positions >= prompt_keep[:, None])
+    if masked:
+        response_mask &= trained
+    return TrajectoryBatch(
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        response_mask=torch.from_numpy(response_mask),
+        old_logprobs=torch.from_numpy(old_logprobs),
+        advantages=torch.from_numpy(advantages),
+        rewards=torch.from_numpy(rewards),
+        trajectory_ids=trajectory_ids,
+    )
+
+
 def packed(columns: TrajectoryColumns, max_length: int) -> dict[str, object]:
     """The varlen layout of `columns`' rows, each cut like the padded batch (prompt tail, response head)."""
-    rows = np.arange(len(columns), dtype=np.int64)
-    padded = columns.batch(rows, max_length)
+    return pack(columns.batch(np.arange(len(columns), dtype=np.int64), max_length))
+
+
+def pack(padded: TrajectoryBatch) -> dict[str, object]:
+    """A padded batch in the varlen layout: its rows back to back in one (1, T) sequence."""
     mask = padded["attention_mask"]
     lengths = mask.sum(dim=1)
+    rows = np.arange(mask.shape[0])
     cu = torch.zeros(len(rows) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(lengths, dim=0)
     positions = torch.arange(mask.shape[1]).expand_as(mask)
