@@ -59,6 +59,7 @@ class ReplayBuffer:
         self.uri = _normalize(config.table_uri)
         self.log = TableLog(self.uri, storage_options=config.storage_options)
         self.profile = config.profile()
+        self._bucket_names = self.profile.names
         self.storage = ChunkStorage(
             bucket_names=self.profile.names,
             max_rows=config.capacity_rows,
@@ -310,7 +311,7 @@ class ReplayBuffer:
         return ReplayBatch(**batch, **extra, padding_waste=waste, tokens=real)  # type: ignore[typeddict-item]
 
     def _bucket_name(self, code: int) -> str:
-        return self.profile.names[code] if code < len(self.profile.names) else "other"
+        return self._bucket_names[code] if code < len(self._bucket_names) else "other"
 
     def _timeout_message(self, wait_s: float) -> str:
         if len(self.storage) == 0 or self._starved:

@@ -139,55 +139,39 @@ def padded_rows(
     token: rows run to hundreds of tokens, so per-row copies move the same bytes for less work.
     """
     count = len(row_of)
-    spans = np.empty((count, 6), dtype=np.int64)
-    pairs = list(zip(chunk_of.tolist(), row_of.tolist(), strict=True))
-    for c in np.unique(chunk_of).tolist():
-        inside = np.flatnonzero(chunk_of == c)
-        rows = row_of[inside]
+    spans: list[tuple[Chunk, int, int, int, int, int, int, int]] = []
+    for c, r in zip(chunk_of.tolist(), row_of.tolist(), strict=True):
         chunk = chunks[c]
-        for k, column in enumerate((chunk.prompt, chunk.response, chunk.logprobs)):
-            spans[inside, 2 * k] = column.offsets[rows]
-            spans[inside, 2 * k + 1] = column.offsets[rows + 1] - column.offsets[rows]
-    prompt_length, response_length, logprob_length = spans[:, 1], spans[:, 3], spans[:, 5]
-    response_keep = np.minimum(response_length, max_length - np.minimum(prompt_length, 1))
-    prompt_keep = np.minimum(prompt_length, max_length - response_keep)
-    logprob_keep = np.minimum(logprob_length, response_keep)
-    total = prompt_keep + response_keep
+        p0, p1 = chunk.prompt.offsets[r : r + 2].tolist()
+        r0, r1 = chunk.response.offsets[r : r + 2].tolist()
+        l0, l1 = chunk.logprobs.offsets[r : r + 2].tolist()
+        rk = min(r1 - r0, max_length - min(p1 - p0, 1))
+        pk = min(p1 - p0, max_length - rk)
+        spans.append((chunk, r, p1 - pk, pk, r0, rk, l0, min(l1 - l0, rk)))
+    prompt_keep = np.fromiter((span[3] for span in spans), dtype=np.int64, count=count)
+    total = prompt_keep + np.fromiter((span[5] for span in spans), dtype=np.int64, count=count)
     width = max(int(total.max(initial=0)), 1)
     input_ids = np.zeros((count, width), dtype=np.int64)
     old_logprobs = np.zeros((count, width), dtype=np.float32)
-    trained = np.ones((count, width), dtype=np.bool_)
-    masked = False
+    trained: npt.NDArray[np.bool_] | None = None
     advantages = np.empty(count, dtype=np.float32)
     rewards = np.empty(count, dtype=np.float32)
     trajectory_ids: list[str] = []
-    table = zip(
-        pairs,
-        spans[:, 0].tolist(),
-        (prompt_length - prompt_keep).tolist(),
-        prompt_keep.tolist(),
-        spans[:, 2].tolist(),
-        response_keep.tolist(),
-        spans[:, 4].tolist(),
-        logprob_keep.tolist(),
-        strict=True,
-    )
-    for i, ((c, r), p0, skip, pk, r0, rk, l0, lk) in enumerate(table):
-        chunk = chunks[c]
-        if pk:
-            input_ids[i, :pk] = chunk.prompt.values[p0 + skip : p0 + skip + pk]
+    for i, (chunk, r, p0, pk, r0, rk, l0, lk) in enumerate(spans):
+        input_ids[i, :pk] = chunk.prompt.values[p0 : p0 + pk]
         input_ids[i, pk : pk + rk] = chunk.response.values[r0 : r0 + rk]
         old_logprobs[i, pk : pk + lk] = chunk.logprobs.values[l0 : l0 + lk]
         if chunk.loss_mask is not None:
+            if trained is None:
+                trained = np.ones((count, width), dtype=np.bool_)
             trained[i, pk : pk + rk] = chunk.loss_mask.values[r0 : r0 + rk]
-            masked = True
         advantages[i] = chunk.advantage[r]
         rewards[i] = chunk.reward[r]
         trajectory_ids.append(str(chunk.trajectory_ids[r]))
     positions = np.arange(width)[None, :]
     attention_mask = positions < total[:, None]
     response_mask = attention_mask & (positions >= prompt_keep[:, None])
-    if masked:
+    if trained is not None:
         response_mask &= trained
     return TrajectoryBatch(
         input_ids=torch.from_numpy(input_ids),
