@@ -1,15 +1,27 @@
-"""Our publisher against Kafka's own ProducerPerformance, on one broker, at three record sizes.
+"""Our publisher against a plain Java KafkaProducer sending the same bytes, at three record sizes.
 
-Both send to fresh topics with the same settings: acks=all, idempotence, zstd, linger.ms and
-batch.size of our throughput lane. ProducerPerformance (run from the cached Kafka jars, timed
-by itself from its first send to its last acknowledgement) sends records of random letters of
-the given size; ours sends trajectories whose encoded value is that size, each validated,
-Avro-encoded, keyed by group and tracked by a future. The two alternate, best of `--repeats`.
-ratio = our MB/s / ProducerPerformance MB/s at about 8 KB (higher is better).
+Three sides send to fresh 4-partition topics on one broker with the same producer settings
+(acks=all, idempotence, zstd, linger.ms and batch.size of our throughput lane, max.request.size
+4 MiB, buffer.memory our byte budget), each clocked from its first send to its last
+acknowledgement (start-up, producer creation and reading the input excluded on every side):
+
+- ours: `Publisher.publish` per trajectory, each validated, Avro-encoded, keyed by group and
+  tracked by a future, from the records in memory.
+- java: bench/java/PublishFile.java (compiled at run time with javac, kafka-clients 4.1.1 of the
+  interop jars), a minimal `KafkaProducer<byte[], byte[]>`: the same records, encoded by our codec
+  beforehand and written to a length-prefixed file, read into memory before its clock starts, then
+  `send` with a counting callback per record and one `flush`. Nothing per record but the send: the
+  floor of a JVM client on these bytes.
+- ProducerPerformance (Kafka's own tool, from the cached Kafka jars): random letters of the same
+  size, since it reads `--payload-file` as UTF-8 text and cannot send binary Avro; reported beside
+  (letters compress better under zstd than token ids), not in the ratio.
+
+Sides alternate over `--rounds` (bench/rounds.py); per size, ratio = our MB/s / java's MB/s, the
+median over rounds. The top-level `ratio` is the 8 KB one.
 
 Starts its own broker on free loopback ports unless ROLLSTREAM_BOOTSTRAP_SERVERS names one.
 
-    python bench/publish.py [--json] [--mb 150] [--repeats 2] [--sizes 1024,8192,262144]
+    python bench/publish.py [--json] [--mb 100] [--rounds 3] [--sizes 1024,8192,262144]
 """
 
 from __future__ import annotations
@@ -20,6 +32,8 @@ import json
 import os
 import re
 import socket
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -27,10 +41,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from confluent_kafka.admin import NewTopic
+from rounds import Sample, alternate, cpu_seconds, emit, load_average, summary
 
+from infra.install import interop_classpath
 from infra.kafka_jars import ensure_jars
 from infra.settings import Settings
 from infra.topics import admin_client
@@ -43,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 PP_MAIN = "org.apache.kafka.tools.ProducerPerformance"
 PP_LINE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency")
 TOPIC_LIMIT = 4 * 1024 * 1024
+JAVA_SOURCE = Path(__file__).resolve().parent / "java" / "PublishFile.java"
 
 
 def _free_port() -> int:
@@ -124,14 +142,19 @@ def common_props() -> dict[str, str]:
     }
 
 
-def producer_performance(jars: Path, servers: str, topic: str, size: int, count: int) -> dict[str, float]:
-    """Run Kafka's ProducerPerformance; returns its own records/s and MB/s (10^6 bytes)."""
-    props = {
+def java_props(servers: str) -> dict[str, str]:
+    """The Java clients' settings: ours, plus the request size and queue room our publisher has."""
+    return {
         **common_props(),
         "bootstrap.servers": servers,
         "max.request.size": str(TOPIC_LIMIT),
         "buffer.memory": str(DEFAULT_BUDGET_BYTES),  # the same room to queue as our byte budget
     }
+
+
+def producer_performance(jars: Path, servers: str, topic: str, size: int, count: int) -> Sample:
+    """Run Kafka's ProducerPerformance (random letters of `size`); timed by itself, send to ack."""
+    props = java_props(servers)
     logs = Path(tempfile.gettempdir()) / "rollstream-bench-publish-logs"
     command = [
         "java", "-Xmx1g", f"-Dlog4j2.configurationFile={REPO / 'infra' / 'kafka' / 'log4j2.properties'}",
@@ -149,28 +172,91 @@ def producer_performance(jars: Path, servers: str, topic: str, size: int, count:
     sent, per_s, _, latency_ms = found[-1]
     if int(sent) != count:
         raise SystemExit(f"ProducerPerformance sent {sent} of {count}")
-    rate = float(per_s)
-    return {"records_per_s": rate, "mb_per_s": rate * size / 1e6, "avg_latency_ms": float(latency_ms)}
+    seconds = count / float(per_s)
+    return Sample(items=count * size, seconds=seconds, extra={"avg_latency_ms": float(latency_ms)})
 
 
-def ours(servers: str, topic: str, records: list[TrajectoryRecord], value_bytes: int) -> dict[str, float]:
-    """Publish `records` with our Publisher; timed from the first publish to the last result."""
+def compile_java(classpath: str, into: Path) -> None:
+    """javac bench/java/PublishFile.java against the interop jars, into `into`."""
+    command = ["javac", "-cp", classpath, "-d", str(into), str(JAVA_SOURCE)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"javac failed on {JAVA_SOURCE} (is a JDK installed?):\n{done.stderr[-3000:]}")
+
+
+def write_payload(path: Path, keys: list[bytes], values: list[bytes]) -> None:
+    """The length-prefixed file PublishFile reads: [int32 key length][key][int32 value length][value]."""
+    with path.open("wb") as out:
+        for key, value in zip(keys, values, strict=True):
+            out.write(struct.pack(">i", len(key)) + key + struct.pack(">i", len(value)) + value)
+
+
+def java_producer(
+    classpath: str, classes: Path, payload: Path, servers: str, topic: str, total_bytes: float
+) -> Sample:
+    """Run PublishFile on `payload`; its own clock from the first send to the last acknowledgement."""
+    command = [
+        "java", "-Xmx2g", "-cp", f"{classpath}:{classes}", "PublishFile", str(payload), topic,
+        *(f"{k}={v}" for k, v in java_props(servers).items()),
+    ]  # fmt: skip
+    cpu0 = cpu_seconds()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(
+            f"PublishFile failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    figures = json.loads(lines[-1])
+    if figures["errors"]:
+        raise SystemExit(f"PublishFile: {figures['errors']} sends failed")
+    return Sample(items=total_bytes, seconds=figures["seconds"], cpu_s=cpu_seconds() - cpu0)
+
+
+def ours(servers: str, topic: str, records: list[TrajectoryRecord], value_bytes: float) -> Sample:
+    """Publish `records` with our Publisher; timed from the first publish to the last acknowledgement."""
     latencies: list[float] = []
     with Publisher(bootstrap_servers=servers, topic=topic) as publisher:
-        publisher.publish(records[0], on_delivery=lambda r: latencies.append(r.latency_s)).result(30)
-        start = time.perf_counter()
-        for record in records[1:]:
+        cpu0, start = cpu_seconds(), time.perf_counter()
+        for record in records:
             publisher.publish(record, on_delivery=lambda r: latencies.append(r.latency_s))
         publisher.flush(300)
         elapsed = time.perf_counter() - start
+        cpu = cpu_seconds() - cpu0
     if publisher.published != len(records):
         raise SystemExit(f"ours: {publisher.published} of {len(records)} acknowledged")
-    rate = (len(records) - 1) / elapsed
-    return {
-        "records_per_s": rate,
-        "mb_per_s": rate * value_bytes / 1e6,
-        "avg_latency_ms": 1000 * float(np.mean(latencies[1:])),
-    }
+    return Sample(
+        items=len(records) * value_bytes,
+        seconds=elapsed,
+        cpu_s=cpu,
+        extra={"avg_latency_ms": 1000 * float(np.mean(latencies))},
+    )
+
+
+def side_runs(
+    servers: str,
+    topic: Any,
+    size: int,
+    records: list[TrajectoryRecord],
+    message_bytes: float,
+    java: tuple[str, Path, Path],
+    jars: Path,
+) -> list[tuple[str, Any]]:
+    """The three contenders at one size, each on a fresh topic per round."""
+    classpath, classes, payload = java
+    count = len(records)
+    return [
+        ("ours", lambda i: ours(servers, topic(f"ours-{size}"), records, message_bytes)),
+        (
+            "java",
+            lambda i: java_producer(
+                classpath, classes, payload, servers, topic(f"java-{size}"), count * message_bytes
+            ),
+        ),
+        (
+            "pp",
+            lambda i: producer_performance(jars, servers, topic(f"pp-{size}"), round(message_bytes), count),
+        ),
+    ]
 
 
 def main() -> None:
@@ -178,15 +264,22 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="1024,8192,262144", help="record sizes in bytes, comma-separated")
-    parser.add_argument("--mb", type=float, default=150.0, help="megabytes sent per size, per side, per run")
-    parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each; the best counts")
+    parser.add_argument(
+        "--mb", type=float, default=100.0, help="megabytes sent per size, per side, per round"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
+    load_before = load_average()
     sizes = [int(s) for s in args.sizes.split(",")]
-    jars = ensure_jars(Settings.load())
+    settings = Settings.load()
+    jars = ensure_jars(settings)
+    classpath = interop_classpath(settings)
     codec = TrajectoryCodec()
-    figures: dict[str, dict[str, float]] = {}
-    with broker() as servers:
+    figures: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-publish-") as scratch, broker() as servers:
+        classes = Path(scratch) / "classes"
+        compile_java(classpath, classes)
         admin = admin_client(servers)
         made: list[str] = []
 
@@ -201,33 +294,46 @@ def main() -> None:
             for size in sizes:
                 count = max(200, int(args.mb * 1e6 / size))
                 records = records_of_size(size, count)
-                sample = [codec.encode(r) for r in records[: max(200, 2_000_000 // size)]]
-                value_bytes = float(np.mean([len(v) for v in sample]))
-                best_pp: dict[str, float] = {"mb_per_s": 0.0}
-                best_ours: dict[str, float] = {"mb_per_s": 0.0}
-                for _ in range(args.repeats):
-                    pp = producer_performance(jars, servers, topic(f"pp-{size}"), round(value_bytes), count)
-                    best_pp = max(best_pp, pp, key=lambda f: f["mb_per_s"])
-                    mine = ours(servers, topic(f"ours-{size}"), records, round(value_bytes))
-                    best_ours = max(best_ours, mine, key=lambda f: f["mb_per_s"])
-                ratio = best_ours["mb_per_s"] / best_pp["mb_per_s"]
-                figures[str(size)] = {
-                    "record_bytes": round(value_bytes),
-                    "records": count,
-                    "ours_mb_per_s": round(best_ours["mb_per_s"], 2),
-                    "ours_records_per_s": round(best_ours["records_per_s"], 1),
-                    "ours_avg_latency_ms": round(best_ours["avg_latency_ms"], 1),
-                    "pp_mb_per_s": round(best_pp["mb_per_s"], 2),
-                    "pp_records_per_s": round(best_pp["records_per_s"], 1),
-                    "pp_avg_latency_ms": round(best_pp["avg_latency_ms"], 1),
-                    "ratio": round(ratio, 3),
-                    "ours_zstd_fraction": zstd_fraction(b"".join(sample)),
-                    "pp_zstd_fraction": zstd_fraction(letters(len(sample) * size)),
-                }
+                values = [codec.encode(r) for r in records]
+                keys = [str(r["group_id"]).encode() for r in records]
+                payload = Path(scratch) / f"payload-{size}.bin"
+                write_payload(payload, keys, values)
+                value_bytes = float(np.mean([len(v) for v in values]))
+                key_bytes = float(np.mean([len(k) for k in keys]))
+                record_bytes = round(value_bytes)
+                sides = side_runs(
+                    servers,
+                    topic,
+                    size,
+                    records,
+                    value_bytes + key_bytes,
+                    (classpath, classes, payload),
+                    jars,
+                )
+                say = lambda m, size=size: print(f"[bench] {size} B {m}", file=sys.stderr)  # noqa: E731
+                samples = alternate(sides[0], sides[1:], args.rounds, say)
+                result = summary({k: samples[k] for k in ("ours", "java")}, "ours", load_before, unit="bytes")
+                pp_rates = [s.rate for s in samples["pp"]]
+                result.update(
+                    record_bytes=record_bytes,
+                    records=count,
+                    ours_mb_per_s=round(result["ours_per_s"] / 1e6, 2),
+                    java_mb_per_s=round(result["java_per_s"] / 1e6, 2),
+                    pp_mb_per_s=round(statistics.median(pp_rates) / 1e6, 2),
+                    pp_mb_per_s_rounds=[round(r / 1e6, 2) for r in pp_rates],
+                    pp_avg_latency_ms=round(
+                        statistics.median(s.extra["avg_latency_ms"] for s in samples["pp"]), 1
+                    ),
+                    ours_records_per_s=round(result["ours_per_s"] / (value_bytes + key_bytes), 1),
+                    ours_zstd_fraction=zstd_fraction(b"".join(values[: max(200, 2_000_000 // size)])),
+                    pp_zstd_fraction=zstd_fraction(letters(max(200, 2_000_000 // size) * size)),
+                )
+                figures[str(size)] = result
                 print(
-                    f"{round(value_bytes):>7} B: ours {best_ours['mb_per_s']:6.1f} MB/s "
-                    f"({best_ours['records_per_s']:8.0f} rec/s), ProducerPerformance {best_pp['mb_per_s']:6.1f} MB/s "
-                    f"({best_pp['records_per_s']:8.0f} rec/s), ratio {ratio:.2f}",
+                    f"{record_bytes:>7} B: ours {result['ours_mb_per_s']:6.1f} MB/s, java KafkaProducer "
+                    f"{result['java_mb_per_s']:6.1f} MB/s, ProducerPerformance (letters) {result['pp_mb_per_s']:6.1f} "
+                    f"MB/s: ratio {result['ratio']} ({result['ratio_min']} to {result['ratio_max']})",
+                    file=sys.stderr if args.json else sys.stdout,
                     flush=True,
                 )
         finally:
@@ -235,18 +341,23 @@ def main() -> None:
                 with contextlib.suppress(Exception):
                     future.result(timeout=30)
     key = "8192" if "8192" in figures else next(iter(figures))
-    summary = {
+    top = {
         "ratio": figures[key]["ratio"],
+        "ratio_min": figures[key]["ratio_min"],
+        "ratio_max": figures[key]["ratio_max"],
+        "rounds": args.rounds,
         "ratio_size_bytes": figures[key]["record_bytes"],
+        **{f"ratio_{size}": f["ratio"] for size, f in figures.items()},
         "sizes": figures,
         "settings": common_props(),
-        "repeats": args.repeats,
+        "load_before": load_before,
+        "load_after": load_average(),
     }
-    print(
-        f"ratio (our MB/s / ProducerPerformance MB/s) at {figures[key]['record_bytes']} B: {summary['ratio']:.2f}"
+    emit(
+        top,
+        args.json,
+        lambda r: f"ratio (our MB/s / java KafkaProducer MB/s) at {r['ratio_size_bytes']} B: {r['ratio']}",
     )
-    if args.json:
-        print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -100,6 +100,42 @@ def test_log_lists_only_the_files_each_version_added(lake) -> None:
         assert all(f.partition("bucket") in PROFILE.names for f in diffed)
 
 
+def test_loss_masks_reach_response_mask_in_both_layouts(tmp_path: Path) -> None:
+    """Rows with and without a loss mask, mixed in one file and cut at max_length: the padded
+    batch's response_mask is the mask on the kept response tokens, and the packed batch holds
+    the same tokens back to back."""
+    uri = str(tmp_path / "trajectories")
+    rows = make_rows(90, first=0, seed=5, all_trainable=True, lengths=(24, 60, 120))
+    for i, row in enumerate(rows):
+        if i % 3:
+            row["loss_mask"] = [(t // 3) % 2 == 0 for t in range(len(row["response_tokens"]))]
+    write_rows(uri, rows)
+    by_id = {r["trajectory_id"]: r for r in rows}
+    seen = 0
+    for layout in ("padded", "packed"):
+        config = ReplayConfig(table_uri=uri, token_budget=512, max_length=48, max_uses=1, layout=layout)
+        with ReplayBuffer(config) as buffer:
+            batches = drain(buffer)
+        for batch in batches:
+            offset = 0
+            for i, tid in enumerate(batch["trajectory_ids"]):
+                row = by_id[tid]
+                tokens, p = kept_tokens(row, 48)
+                mask = row.get("loss_mask") or [True] * len(row["response_tokens"])
+                expected = [False] * p + list(mask[: len(tokens) - p])
+                if layout == "padded":
+                    got = batch["response_mask"][i, : len(tokens)].tolist()
+                    assert not batch["response_mask"][i, len(tokens) :].any()
+                    assert batch["input_ids"][i, : len(tokens)].tolist() == tokens
+                else:
+                    got = batch["response_mask"][0, offset : offset + len(tokens)].tolist()
+                    assert batch["input_ids"][0, offset : offset + len(tokens)].tolist() == tokens
+                    offset += len(tokens)
+                assert got == expected, tid
+                seen += 1
+    assert seen == 2 * len(rows)
+
+
 def test_fifo_delivers_every_trainable_row_once_padded_as_stored(lake) -> None:
     uri, rows, _ = lake
     config = ReplayConfig(table_uri=uri, token_budget=400, max_length=64, max_uses=1)

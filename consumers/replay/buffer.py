@@ -23,9 +23,9 @@ from consumers.replay.chunk import Chunk, read_chunk
 from consumers.replay.collate import (
     PackedBatch,
     ReplayBatch,
-    gather_columns,
     kept_lengths,
-    packed,
+    pack,
+    padded_rows,
     plan_batches,
 )
 from consumers.replay.config import ReplayConfig, build_limiter, build_sampler
@@ -59,6 +59,7 @@ class ReplayBuffer:
         self.uri = _normalize(config.table_uri)
         self.log = TableLog(self.uri, storage_options=config.storage_options)
         self.profile = config.profile()
+        self._bucket_names = self.profile.names
         self.storage = ChunkStorage(
             bucket_names=self.profile.names,
             max_rows=config.capacity_rows,
@@ -289,14 +290,10 @@ class ReplayBuffer:
         policy_versions: npt.NDArray[np.int64],
         buckets: list[str],
     ) -> ReplayBatch | PackedBatch:
-        columns = gather_columns(chunks, chunk_of, row_of)
-        domains = [
-            chunks[int(c)].domains[chunks[int(c)].domain[r]] for c, r in zip(chunk_of, row_of, strict=True)
-        ]
-        task_types = [
-            chunks[int(c)].task_types[chunks[int(c)].task_type[r]]
-            for c, r in zip(chunk_of, row_of, strict=True)
-        ]
+        batch = padded_rows(chunks, chunk_of, row_of, self.config.max_length)
+        pairs = list(zip(chunk_of.tolist(), row_of.tolist(), strict=True))
+        domains = [chunks[c].domains[chunks[c].domain[r]] for c, r in pairs]
+        task_types = [chunks[c].task_types[chunks[c].task_type[r]] for c, r in pairs]
         extra: dict[str, Any] = {
             "keys": torch.from_numpy(keys),
             "policy_versions": torch.from_numpy(policy_versions),
@@ -305,16 +302,16 @@ class ReplayBuffer:
             "task_types": task_types,
         }
         if self.config.layout == "packed":
-            batch = packed(columns, self.config.max_length)
-            tokens = int(batch["cu_seqlens"][-1])  # type: ignore[index]
-            return PackedBatch(**batch, **extra, padding_waste=0.0, tokens=tokens)  # type: ignore[typeddict-item]
-        padded = columns.batch(np.arange(len(columns), dtype=np.int64), self.config.max_length)
-        real = int(padded["attention_mask"].sum())
-        waste = 1.0 - real / max(padded["attention_mask"].numel(), 1)
-        return ReplayBatch(**padded, **extra, padding_waste=waste, tokens=real)  # type: ignore[typeddict-item]
+            packed_batch = pack(batch)
+            tokens = int(packed_batch["cu_seqlens"][-1])  # type: ignore[index]
+            return PackedBatch(**packed_batch, **extra, padding_waste=0.0, tokens=tokens)  # type: ignore[typeddict-item]
+        attention = batch["attention_mask"].numpy()
+        real = int(np.count_nonzero(attention))
+        waste = 1.0 - real / max(attention.size, 1)
+        return ReplayBatch(**batch, **extra, padding_waste=waste, tokens=real)  # type: ignore[typeddict-item]
 
     def _bucket_name(self, code: int) -> str:
-        return self.profile.names[code] if code < len(self.profile.names) else "other"
+        return self._bucket_names[code] if code < len(self._bucket_names) else "other"
 
     def _timeout_message(self, wait_s: float) -> str:
         if len(self.storage) == 0 or self._starved:

@@ -129,12 +129,71 @@ def gather_columns(
     )
 
 
+def padded_rows(
+    chunks: Sequence[Chunk], chunk_of: npt.NDArray[np.int64], row_of: npt.NDArray[np.int64], max_length: int
+) -> TrajectoryBatch:
+    """The padded batch of the selected rows, copied straight from their chunks.
+
+    The same batch as `TrajectoryColumns.batch` over `gather_columns` (prompt tail, response head,
+    cut to `max_length`), built with one slice copy per row and field instead of an index per
+    token: rows run to hundreds of tokens, so per-row copies move the same bytes for less work.
+    """
+    count = len(row_of)
+    spans: list[tuple[Chunk, int, int, int, int, int, int, int]] = []
+    for c, r in zip(chunk_of.tolist(), row_of.tolist(), strict=True):
+        chunk = chunks[c]
+        p0, p1 = chunk.prompt.offsets[r : r + 2].tolist()
+        r0, r1 = chunk.response.offsets[r : r + 2].tolist()
+        l0, l1 = chunk.logprobs.offsets[r : r + 2].tolist()
+        rk = min(r1 - r0, max_length - min(p1 - p0, 1))
+        pk = min(p1 - p0, max_length - rk)
+        spans.append((chunk, r, p1 - pk, pk, r0, rk, l0, min(l1 - l0, rk)))
+    prompt_keep = np.fromiter((span[3] for span in spans), dtype=np.int64, count=count)
+    total = prompt_keep + np.fromiter((span[5] for span in spans), dtype=np.int64, count=count)
+    width = max(int(total.max(initial=0)), 1)
+    input_ids = np.zeros((count, width), dtype=np.int64)
+    old_logprobs = np.zeros((count, width), dtype=np.float32)
+    trained: npt.NDArray[np.bool_] | None = None
+    advantages = np.empty(count, dtype=np.float32)
+    rewards = np.empty(count, dtype=np.float32)
+    trajectory_ids: list[str] = []
+    for i, (chunk, r, p0, pk, r0, rk, l0, lk) in enumerate(spans):
+        input_ids[i, :pk] = chunk.prompt.values[p0 : p0 + pk]
+        input_ids[i, pk : pk + rk] = chunk.response.values[r0 : r0 + rk]
+        old_logprobs[i, pk : pk + lk] = chunk.logprobs.values[l0 : l0 + lk]
+        if chunk.loss_mask is not None:
+            if trained is None:
+                trained = np.ones((count, width), dtype=np.bool_)
+            trained[i, pk : pk + rk] = chunk.loss_mask.values[r0 : r0 + rk]
+        advantages[i] = chunk.advantage[r]
+        rewards[i] = chunk.reward[r]
+        trajectory_ids.append(str(chunk.trajectory_ids[r]))
+    positions = np.arange(width)[None, :]
+    attention_mask = positions < total[:, None]
+    response_mask = attention_mask & (positions >= prompt_keep[:, None])
+    if trained is not None:
+        response_mask &= trained
+    return TrajectoryBatch(
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        response_mask=torch.from_numpy(response_mask),
+        old_logprobs=torch.from_numpy(old_logprobs),
+        advantages=torch.from_numpy(advantages),
+        rewards=torch.from_numpy(rewards),
+        trajectory_ids=trajectory_ids,
+    )
+
+
 def packed(columns: TrajectoryColumns, max_length: int) -> dict[str, object]:
     """The varlen layout of `columns`' rows, each cut like the padded batch (prompt tail, response head)."""
-    rows = np.arange(len(columns), dtype=np.int64)
-    padded = columns.batch(rows, max_length)
+    return pack(columns.batch(np.arange(len(columns), dtype=np.int64), max_length))
+
+
+def pack(padded: TrajectoryBatch) -> dict[str, object]:
+    """A padded batch in the varlen layout: its rows back to back in one (1, T) sequence."""
     mask = padded["attention_mask"]
     lengths = mask.sum(dim=1)
+    rows = np.arange(mask.shape[0])
     cu = torch.zeros(len(rows) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(lengths, dim=0)
     positions = torch.arange(mask.shape[1]).expand_as(mask)
