@@ -449,70 +449,17 @@ class Sandbox:
         environment: Environment | None,
     ) -> Execution:
         child.write_stdin(stdin)
-        out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)
-        streams = {child.stdout: out, child.stderr: err}
-        status = bytearray()
-        pidfd = child.pidfd
-        poller = select.poll()
-        for fd in (*streams, status_fd, pidfd):
-            poller.register(fd, select.POLLIN)
-        deadline = start + limits.wall_s
-        usage = _Usage()
-        next_sample = start + _SAMPLE_MS / 1000
-        timed_out = False
-        over_output = False
-        exited = False
-
-        def kill_tree() -> None:
-            child.kill()
-            for pid in cgroup.pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-        while not exited or streams:
-            now = time.monotonic()
-            remaining = deadline - now
-            if remaining <= 0 and not timed_out:
-                timed_out = True
-                kill_tree()
-            if not exited and not timed_out and now >= next_sample:
-                usage.sample(cgroup.pids())
-                next_sample = now + _SAMPLE_MS / 1000
-            wait_ms = 50 if timed_out else max(1, min(_SAMPLE_MS, int(remaining * 1000) + 1))
-            for fd, _ in poller.poll(wait_ms):
-                if fd == pidfd:
-                    exited = True
-                    poller.unregister(pidfd)
-                    continue
-                if fd != status_fd and fd not in streams:
-                    continue  # a stream dropped earlier in this batch of events
-                chunk = os.read(fd, _CHUNK)
-                if fd == status_fd:
-                    if chunk:
-                        status += chunk
-                    else:
-                        poller.unregister(fd)
-                elif chunk:
-                    streams[fd].feed(chunk)
-                    if streams[fd].total > limits.output_bytes and not over_output:
-                        # past the cap: stop the tree and read no more of either stream
-                        over_output = True
-                        kill_tree()
-                        for open_fd in streams:
-                            poller.unregister(open_fd)
-                        streams.clear()
-                else:
-                    poller.unregister(fd)
-                    del streams[fd]
-            if exited and (timed_out or over_output):
-                break
+        watched = _Watched(limits.output_bytes)
+        _pump(child, cgroup, limits, status_fd, start, watched)
         returncode = child.wait()
         wall = time.monotonic() - start
         with contextlib.suppress(OSError):
             while chunk := os.read(status_fd, 1 << 16):
-                status += chunk
-        reports = _status_objects(bytes(status))
-        if not any("child-pid" in r for r in reports) and not timed_out and not over_output:
+                watched.status += chunk
+        out, err = watched.out, watched.err
+        stopped = watched.timed_out or watched.over_output
+        reports = _status_objects(bytes(watched.status))
+        if not any("child-pid" in r for r in reports) and not stopped:
             raise SandboxHostError(
                 f"bwrap did not start the sandbox (exit {returncode}): {err.text()[-500:].strip()!r}"
             )
@@ -521,28 +468,15 @@ class Sandbox:
         sig: int | None = None
         if exit_status is not None and exit_status > 128:
             sig, code = exit_status - 128, None
-        cpu = max(usage.cpu_s, child.cpu_s)
-        outcome: Outcome = "exited" if sig is None else "signaled"
-        if timed_out or over_output:
+        cpu = max(watched.usage.cpu_s, child.cpu_s)
+        if stopped:
             sig, code = None, None
         elif sig == signal.SIGKILL and cpu < limits.cpu_s and _oom_kills() > oom_before:
             raise SandboxHostError(
                 "the kernel's OOM killer ended an execution (host short of memory); retry later"
             )
-        if cgroup.limit_hits() > 0:  # a fork bomb, named even when it then ran out the clock
-            outcome = "process_limit"
-        elif over_output:
-            outcome = "output_limit"
-        elif timed_out:
-            outcome = "timeout"
-        elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s):
-            outcome = "cpu_limit"
-        elif sig == signal.SIGXFSZ:
-            outcome = "file_limit"
-        elif code not in (0, None) and "MemoryError" in err.text()[-2000:]:
-            outcome = "memory_limit"
         return Execution(
-            outcome=outcome,
+            outcome=_outcome(watched, cgroup, limits, code, sig, cpu),
             exit_code=code,
             signal=sig,
             stdout=out.text(),
@@ -551,10 +485,104 @@ class Sandbox:
             stderr_bytes=err.total,
             cpu_s=cpu,
             wall_s=wall,
-            peak_memory_bytes=usage.peak_rss,
+            peak_memory_bytes=watched.usage.peak_rss,
             limits=limits,
             environment_id=environment.id if environment is not None else "",
         )
+
+
+@dataclass
+class _Watched:
+    """What watching one execution collected: its capped streams, bwrap's status, its usage."""
+
+    output_bytes: int
+    out: _Capped = field(init=False)
+    err: _Capped = field(init=False)
+    status: bytearray = field(default_factory=bytearray)
+    usage: _Usage = field(default_factory=_Usage)
+    timed_out: bool = False
+    over_output: bool = False
+
+    def __post_init__(self) -> None:
+        self.out, self.err = _Capped(self.output_bytes), _Capped(self.output_bytes)
+
+
+def _pump(
+    child: _Child, cgroup: PidsCgroup, limits: Limits, status_fd: int, start: float, watched: _Watched
+) -> None:
+    """Read the child's streams and bwrap's status until it exits and its streams close, sampling
+    its usage; past the wall-clock limit or the output cap, kill its tree and stop reading."""
+    streams = {child.stdout: watched.out, child.stderr: watched.err}
+    pidfd = child.pidfd
+    poller = select.poll()
+    for fd in (*streams, status_fd, pidfd):
+        poller.register(fd, select.POLLIN)
+    deadline = start + limits.wall_s
+    next_sample = start + _SAMPLE_MS / 1000
+    exited = False
+
+    def kill_tree() -> None:
+        child.kill()
+        for pid in cgroup.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    while not exited or streams:
+        now = time.monotonic()
+        remaining = deadline - now
+        if remaining <= 0 and not watched.timed_out:
+            watched.timed_out = True
+            kill_tree()
+        if not exited and not watched.timed_out and now >= next_sample:
+            watched.usage.sample(cgroup.pids())
+            next_sample = now + _SAMPLE_MS / 1000
+        wait_ms = 50 if watched.timed_out else max(1, min(_SAMPLE_MS, int(remaining * 1000) + 1))
+        for fd, _ in poller.poll(wait_ms):
+            if fd == pidfd:
+                exited = True
+                poller.unregister(pidfd)
+                continue
+            if fd != status_fd and fd not in streams:
+                continue  # a stream dropped earlier in this batch of events
+            chunk = os.read(fd, _CHUNK)
+            if fd == status_fd:
+                if chunk:
+                    watched.status += chunk
+                else:
+                    poller.unregister(fd)
+            elif chunk:
+                streams[fd].feed(chunk)
+                if streams[fd].total > limits.output_bytes and not watched.over_output:
+                    # past the cap: stop the tree and read no more of either stream
+                    watched.over_output = True
+                    kill_tree()
+                    for open_fd in streams:
+                        poller.unregister(open_fd)
+                    streams.clear()
+            else:
+                poller.unregister(fd)
+                del streams[fd]
+        if exited and (watched.timed_out or watched.over_output):
+            break
+
+
+def _outcome(
+    watched: _Watched, cgroup: PidsCgroup, limits: Limits, code: int | None, sig: int | None, cpu: float
+) -> Outcome:
+    """Which limit, if any, ended the execution."""
+    if cgroup.limit_hits() > 0:  # a fork bomb, named even when it then ran out the clock
+        return "process_limit"
+    if watched.over_output:
+        return "output_limit"
+    if watched.timed_out:
+        return "timeout"
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s):
+        return "cpu_limit"
+    if sig == signal.SIGXFSZ:
+        return "file_limit"
+    if code not in (0, None) and "MemoryError" in watched.err.text()[-2000:]:
+        return "memory_limit"
+    return "exited" if sig is None else "signaled"
 
 
 def _alive(pid: str) -> bool:
