@@ -1,5 +1,6 @@
 """Commands that move trajectories: produce, process, rescore, learn, demo."""
 
+import contextlib
 import json
 import random
 import signal
@@ -8,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from infra.cli.common import Common, command, progress
+from infra.cli.common import Common, UsageError, command, progress
 from infra.settings import Settings
 
 app = typer.Typer()
@@ -361,6 +362,13 @@ def learn(
         bool,
         typer.Option("--announce", help="announce each version on the compacted rollouts.policies topic"),
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="serve /metrics and /health on this port (0: a free one, logged); default off",
+        ),
+    ] = None,
 ) -> int:
     import threading
 
@@ -370,9 +378,13 @@ def learn(
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     from consumers import learn as run_learn
+    from consumers.learner_metrics import LearnerMetrics
     from consumers.versioning import PublishOptions
     from infra.progress_bars import Bars, bars_wanted
+    from schemas.metrics import serve_metrics
 
+    if metrics_port is not None and not 0 <= metrics_port < 65536:
+        raise UsageError(f"--metrics-port {metrics_port}; give a port, 0 for a free one, or leave it out")
     settings = common.settings()
     steps = steps if steps is not None else (None if follow else 20)
     publish = None
@@ -385,7 +397,13 @@ def learn(
             kafka_config=settings.kafka_config() if announce else None,
         )
     bars = Bars(enabled=bars_wanted() and not no_progress)
-    with bars:
+    metrics = LearnerMetrics()
+    server = None if metrics_port is None else serve_metrics(metrics.registry, port=metrics_port)
+    if server is not None:
+        progress(f"learn: metrics at http://127.0.0.1:{server.port}/metrics")
+    with bars, contextlib.ExitStack() as closing:
+        if server is not None:
+            closing.callback(server.close)
         result = run_learn(
             table_uri=settings.lake_table_uri("trajectories"),
             storage_options=settings.delta_storage_options(),
@@ -408,6 +426,7 @@ def learn(
             progress=bars.line,
             on_step=lambda step, total: bars.advance("learn", step, total),
             stop=stop,
+            metrics=metrics,
             follow=follow,
             start_version=start_version,
             end_version=end_version,
