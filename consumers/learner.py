@@ -26,6 +26,7 @@ from typing import Any, cast
 import torch
 
 from consumers.exceptions import BufferExhausted, CheckpointError, EmptySnapshotError, RateLimitTimeout
+from consumers.learner_metrics import LearnerMetrics
 from consumers.loss import Aggregation, LossOptions, Objective, async_policy_loss
 from consumers.policies import load_policy, token_logprobs_packed, token_logprobs_padded
 from consumers.replay import ReplayBuffer, ReplayConfig, load_checkpoint, save_checkpoint
@@ -116,6 +117,7 @@ def learn(
     progress: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
     on_step: Callable[[int, int | None], None] | None = None,
+    metrics: LearnerMetrics | None = None,
     **replay: Any,
 ) -> LearnResult:
     """Train on the trajectories table through a `ReplayBuffer`, log to MLflow, checkpoint.
@@ -147,6 +149,7 @@ def learn(
         progress: called with one line of text per step.
         stop: set it to end a following run after the current step.
         on_step: called with (step, total steps or None) after each step, for progress bars.
+        metrics: `LearnerMetrics` to report steps and the buffer to (serve its registry).
         **replay: `ReplayConfig` fields (token_budget, max_length, vocab_size, follow, max_lag, ...).
 
     Raises:
@@ -177,6 +180,9 @@ def learn(
     learner = _Learner(
         options, config, progress=progress, stop=stop or threading.Event(), on_step=on_step, keeper=keeper
     )
+    learner.metrics = metrics
+    if metrics is not None:
+        metrics.watch(learner.buffer)
     return learner.run(tracking_uri=tracking_uri, experiment=experiment)
 
 
@@ -221,6 +227,7 @@ class _Learner:
         self.loss = float("nan")
         self.resumed_from = 0
         self.checkpoint_version: int | None = None
+        self.metrics: LearnerMetrics | None = None
         self._resume()
 
     def _resume(self) -> None:
@@ -416,6 +423,8 @@ class _Learner:
             )
         if self.on_step is not None:
             self.on_step(self.step, self.options.steps)
+        if self.metrics is not None:
+            self.metrics.trained(lag, tokens, seconds, self.version)
         return metrics
 
     def _score(

@@ -2,7 +2,7 @@
 
 Generation is the producers' `TorchBackend`; this module adds the HTTP surface (completions with
 token ids, logprobs and weight-version spans, vLLM's tokens-in/tokens-out generate, model card,
-tokenize, weight reload by version, health), a JSONL log of every sample returned, and a uvicorn
+tokenize, weight reload by version, health, Prometheus ``/metrics``), a JSONL log of every sample returned, and a uvicorn
 server that stops on SIGTERM.
 """
 
@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from infra.exceptions import InfraError
+from infra.serve_metrics import ServeMetrics
 from producers.backends import (
     GeneratedSample,
     GenerationError,
@@ -162,6 +163,8 @@ class PolicyServer:
         self.app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
         self.app.add_api_route("/update_weights_from_disk", self.update_weights, methods=["POST"])
         self.app.add_api_route("/health", self.health, methods=["GET"])
+        self.metrics = ServeMetrics(lambda: self.backend.version)
+        self.metrics.install(self.app)
 
     async def completions(self, request: CompletionRequest) -> Any:
         """Samples for a token-id prompt, with token ids, processed logprobs and version spans."""
@@ -244,7 +247,11 @@ class PolicyServer:
                 seed=sampling.seed,
                 n=sampling.n,
             )
+            started = time.monotonic()
             samples = await self.backend.generate(prompt, params)
+            self.metrics.generated(
+                time.monotonic() - started, len(samples), sum(len(s.token_ids) for s in samples)
+            )
         except (ValueError, InvalidRequestError) as exc:
             return _error(400, str(exc))
         except GenerationError as exc:
@@ -312,7 +319,9 @@ class PolicyServer:
             try:
                 await self.backend.set_weights(request.path, version=request.version, sha256=request.sha256)
             except WeightsError as exc:
+                self.metrics.reloads.labels("refused").inc()
                 return _error(400, str(exc))
+        self.metrics.reloads.labels("loaded").inc()
         return {"success": True, "weight_version": self.backend.version, "message": f"loaded {request.path}"}
 
     async def follow_versions(self, lake_uri: str, interval_s: float) -> None:
@@ -328,8 +337,10 @@ class PolicyServer:
                     tensors = await asyncio.to_thread(load_published, record)
                     async with self._updating:
                         await self.backend.set_weights(tensors, version=record.number)
+                    self.metrics.reloads.labels("loaded").inc()
                     log.info("serving policy version %d (step %d)", record.number, record.step)
             except Exception as exc:  # a version that does not load now may load at the next poll
+                self.metrics.reloads.labels("failed").inc()
                 log.warning("following %s: %s", lake_uri, exc)
             await asyncio.sleep(interval_s)
 

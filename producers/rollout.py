@@ -44,6 +44,7 @@ from producers.backends.base import (
 )
 from producers.backends.exceptions import TokenizerMismatchError
 from producers.lanes import Lane
+from producers.rollout_metrics import RolloutMetrics
 from producers.tasks.lease import Lease
 from producers.tasks.queue import TaskQueue
 from schemas import pack_float32, pack_int32, pack_mask
@@ -190,6 +191,7 @@ class RolloutWorker:
             none); None: text prompts go to the backend's tokenize endpoint, if it has one.
         environment: makes each sample a multi-turn episode (`Environment`); None: one turn.
         progress: called with one line per settled task.
+        metrics: `RolloutMetrics` to update; None: none kept.
         on_step: a `StepHook`, for tests and debugging.
     """
 
@@ -204,6 +206,7 @@ class RolloutWorker:
         tokenizer: Tokenizer | None = None,
         environment: Environment | None = None,
         progress: Callable[[str], None] | None = None,
+        metrics: RolloutMetrics | None = None,
         on_step: StepHook | None = None,
     ) -> None:
         slots = getattr(queue, "slots", options.concurrency)
@@ -218,6 +221,7 @@ class RolloutWorker:
         self.environment = environment
         self.progress = progress
         self.on_step = on_step
+        self.metrics = metrics
         self.stats = RolloutStats()
         self._queue_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="task-queue")
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -298,6 +302,8 @@ class RolloutWorker:
 
     async def _work(self, lease: Lease) -> None:
         task = lease.task
+        if self.metrics is not None:
+            self.metrics.taken(lease.attempt)
         self._step("taken", lease, 0)
         try:
             prompt, episodes = await asyncio.wait_for(self._generate(task), max(lease.deadline_in(), 0.0))
@@ -306,14 +312,17 @@ class RolloutWorker:
             return
         except TimeoutError:
             await self._settle(
-                lease, "fail", f"generation outlasted the task's deadline of {task.deadline_ms} ms"
+                lease,
+                "fail",
+                f"generation outlasted the task's deadline of {task.deadline_ms} ms",
+                "deadline",
             )
             return
         except TokenizerMismatchError as exc:  # no attempt can mend it
-            await self._settle(lease, "dead", _describe(exc))
+            await self._settle(lease, "dead", _describe(exc), type(exc).__name__)
             return
         except Exception as exc:  # this attempt failed: release it for a retry
-            await self._settle(lease, "fail", _describe(exc))
+            await self._settle(lease, "fail", _describe(exc), type(exc).__name__)
             return
         if self.options.on_weight_change == "abort" and _changed(e.sample for e in episodes):
             await self._settle(lease, "requeue")
@@ -327,7 +336,9 @@ class RolloutWorker:
         except asyncio.CancelledError:
             await asyncio.wait({publishing})
         if publishing.exception() is not None:
-            await self._settle(lease, "fail", _describe(publishing.exception()))
+            await self._settle(
+                lease, "fail", _describe(publishing.exception()), type(publishing.exception()).__name__
+            )
         else:
             await self._settle(lease, "done")
 
@@ -346,6 +357,8 @@ class RolloutWorker:
                 )
             )
         self.stats.generate_s += time.monotonic() - started
+        if self.metrics is not None:
+            self.metrics.generated(time.monotonic() - started)
         return prompt, episodes
 
     async def _episode(
@@ -405,23 +418,29 @@ class RolloutWorker:
         )
         return _Episode(sample, mask)
 
-    async def _settle(self, lease: Lease, how: str, error: str = "") -> None:
+    async def _settle(self, lease: Lease, how: str, error: str = "", reason: str = "") -> None:
+        """Settle `lease` as `how` (done, requeue, fail, dead); `reason` names the error's kind."""
         started = time.monotonic()
+        outcome = "unsettled"
         try:
             if how == "done":
                 await self._settling(lease.done)
                 self.stats.done += 1
+                outcome = "done"
             elif how == "requeue":
                 await self._settling(lease.requeue)
                 self.stats.requeued += 1
+                outcome = "requeued"
             else:
                 fail = functools.partial(lease.fail, final=how == "dead")
-                state = await self._settling(fail, error)
-                self.stats.dead += state == "dead"
-                self.stats.failed += state != "dead"
+                outcome = await self._settling(fail, error)
+                self.stats.dead += outcome == "dead"
+                self.stats.failed += outcome != "dead"
         except Exception as exc:  # an expired lock: the broker delivers the task again
             log.warning("settling task %s (%s) failed: %s", lease.task_id, how, exc)
             self.stats.failed += 1
+        if self.metrics is not None:
+            self.metrics.settled(outcome, reason)
         self.stats.settle_s += time.monotonic() - started
         if how in ("fail", "dead"):
             log.warning("task %s attempt %d failed: %s", lease.task_id, lease.attempt, error)
@@ -533,6 +552,8 @@ class RolloutWorker:
         await asyncio.gather(*futures)
         self.stats.publish_s += time.monotonic() - started
         self.stats.samples += len(records)
+        if self.metrics is not None:
+            self.metrics.published(len(records))
         self._step("published", lease, len(records))
 
 

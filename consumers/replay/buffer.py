@@ -83,6 +83,7 @@ class ReplayBuffer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.first_version_read: int | None = None
+        self.dropped_rows = {"stale": 0, "evicted": 0}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -176,6 +177,9 @@ class ReplayBuffer:
         if self.storage.over_capacity() or not alive.all():
             victims = self.storage.choose_evictions(alive)
             if victims:
+                for i in victims:  # stale: no row of the chunk may be drawn; evicted: over capacity
+                    reason = "evicted" if alive[self.storage.rows.chunk == i].any() else "stale"
+                    self.dropped_rows[reason] += len(self.storage.chunks[i])
                 keep = self.storage.evict(victims)
                 self.sampler.keep(keep)
         self._cond.notify_all()

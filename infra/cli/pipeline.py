@@ -1,5 +1,6 @@
 """Commands that move trajectories: produce, process, rescore, learn, demo."""
 
+import contextlib
 import json
 import random
 import signal
@@ -8,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from infra.cli.common import Common, command, progress
+from infra.cli.common import Common, UsageError, command, progress
 from infra.settings import Settings
 
 app = typer.Typer()
@@ -235,6 +236,13 @@ def learn(
         int | None, typer.Option("--vocab-size", help="default: the vocab_size setting (32768)")
     ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="serve /metrics and /health on this port (0: a free one, logged); default off",
+        ),
+    ] = None,
 ) -> int:
     import threading
 
@@ -245,9 +253,13 @@ def learn(
     settings = common.settings()
 
     from consumers import learn as run_learn
+    from consumers.learner_metrics import LearnerMetrics
     from consumers.versioning import PublishOptions
     from infra.progress_bars import Bars, bars_wanted
+    from schemas.metrics import serve_metrics
 
+    if metrics_port is not None and not 0 <= metrics_port < 65536:
+        raise UsageError(f"--metrics-port {metrics_port}; give a port, 0 for a free one, or leave it out")
     learner, replay = settings.learner, settings.replay
     steps = learner.steps if learner.steps is not None else (None if replay.follow else 20)
     publish = None
@@ -263,7 +275,13 @@ def learn(
         exclude={"steps", "checkpoint", "publish_every", "register_model", "announce"}
     )
     bars = Bars(enabled=bars_wanted() and not no_progress)
-    with bars:
+    metrics = LearnerMetrics()
+    server = None if metrics_port is None else serve_metrics(metrics.registry, port=metrics_port)
+    if server is not None:
+        progress(f"learn: metrics at http://127.0.0.1:{server.port}/metrics")
+    with bars, contextlib.ExitStack() as closing:
+        if server is not None:
+            closing.callback(server.close)
         result = run_learn(
             table_uri=settings.lake_table_uri("trajectories"),
             storage_options=settings.delta_storage_options(),
@@ -274,6 +292,7 @@ def learn(
             progress=bars.line,
             on_step=lambda step, total: bars.advance("learn", step, total),
             stop=stop,
+            metrics=metrics,
             vocab_size=vocab_size or settings.vocab_size,
             profile_path=settings.profile_path or None,
             **options,

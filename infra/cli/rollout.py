@@ -65,6 +65,13 @@ def rollout(
     max_tasks: Annotated[
         int | None, typer.Option("--max-tasks", help="stop after this many tasks were taken and settled")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="serve /metrics and /health on this port (0: a free one, logged); default off",
+        ),
+    ] = None,
     test_pause_at: Annotated[
         str | None, typer.Option("--test-pause-at", hidden=True, help="test hook (docs/rollout.md)")
     ] = None,
@@ -78,6 +85,8 @@ def rollout(
         raise UsageError(f"--policy is for --backend torch; the server at {backend} serves its own")
     if max_tasks is not None and max_tasks < 1:
         raise UsageError(f"--max-tasks {max_tasks}; give at least 1, or leave it out to run until stopped")
+    if metrics_port is not None and not 0 <= metrics_port < 65536:
+        raise UsageError(f"--metrics-port {metrics_port}; give a port, 0 for a free one, or leave it out")
     settings = common.settings()
     if settings.rollout.max_lag is not None and lake is None:
         raise UsageError("--max-lag needs --lake LAKE: the newest version is read from its policies table")
@@ -97,6 +106,7 @@ def rollout(
             lake=lake,
             worker_id=worker,
             max_tasks=max_tasks,
+            metrics_port=metrics_port,
             pause_at=test_pause_at,
         )
     )
@@ -119,12 +129,15 @@ async def _work(
     lake: str | None,
     worker_id: str,
     max_tasks: int | None,
+    metrics_port: int | None,
     pause_at: str | None,
 ) -> dict[str, Any]:
     from infra.serve import load_tokenizer
     from producers.aio import AsyncPublisher
     from producers.rollout import RolloutOptions, RolloutWorker
+    from producers.rollout_metrics import RolloutMetrics
     from producers.tasks import TaskQueue, TaskTopics
+    from schemas.metrics import Readiness, serve_metrics
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -135,6 +148,11 @@ async def _work(
     versions = _LakeVersions(lake, settings.delta_storage_options()) if lake else None
     queue = publisher = None
     follower: asyncio.Task[None] | None = None
+    metrics = RolloutMetrics()
+    readiness = Readiness(("task_queue",))
+    server = None if metrics_port is None else serve_metrics(metrics.registry, readiness, port=metrics_port)
+    if server is not None:
+        progress(f"rollout {worker_id}: metrics at http://127.0.0.1:{server.port}/metrics")
     try:
         if versions is not None and backend == "torch":
             await _catch_up(engine, versions)
@@ -168,6 +186,7 @@ async def _work(
             ultra_topic=settings.ultra_topic,
             extra_config=dict(settings.kafka_client),
         )
+        readiness.mark("task_queue")
         worker = RolloutWorker(
             queue,
             engine,
@@ -176,6 +195,7 @@ async def _work(
             versions=versions,
             tokenizer=tokenizer,
             progress=_progress_lines(),
+            metrics=metrics,
             on_step=None if pause_at is None else _pause_at(pause_at),
         )
         progress(
@@ -185,6 +205,7 @@ async def _work(
         stats = await worker.run(stop, max_tasks=max_tasks)
     finally:
         stop.set()
+        readiness.stop()
         if follower is not None:
             await asyncio.gather(follower, return_exceptions=True)
         if publisher is not None:
@@ -192,6 +213,8 @@ async def _work(
         if queue is not None:
             await asyncio.to_thread(queue.close)  # requeues whatever is still open
         await engine.close()
+        if server is not None:
+            server.close()
     progress(
         f"rollout {worker_id}: done {stats.done}, failed {stats.failed}, dead {stats.dead}, "
         f"requeued {stats.requeued}; {stats.samples} samples published"
