@@ -963,7 +963,8 @@ class _Newest:
 
 class _HeldoutEvaluator:
     """Answers the held-out prompts greedily with each published version (read back from the lake,
-    sha256 checked) and logs `heldout/reward` to the learner's MLflow run, step = the version.
+    sha256 checked) and logs `heldout/reward` to the learner's MLflow run, step = the version;
+    `greedy/train_reward` beside it is the same on the training prompts.
 
     Versions published before the run id is known (version 0, by the loop) are logged once it is."""
 
@@ -975,7 +976,7 @@ class _HeldoutEvaluator:
         self.policy: Any = None
         self.next = 0
         self.run_id: str | None = None
-        self.unlogged: dict[int, float] = {}
+        self.unlogged: dict[int, tuple[float, float]] = {}
 
     def catch_up(self, watcher: Any, *, run_id: str | None = None) -> None:
         """Score every version published since the last call."""
@@ -988,22 +989,25 @@ class _HeldoutEvaluator:
             self.next += 1
             if record is None:
                 continue
-            reward = self._score(load_weights(record, storage_options=self.settings.delta_storage_options()))
+            weights = load_weights(record, storage_options=self.settings.delta_storage_options())
+            reward, seen = self._score(weights, heldout_prompts()), self._score(weights, training_prompts())
             self.out[record.number] = reward
-            self.unlogged[record.number] = reward
+            self.unlogged[record.number] = (reward, seen)
             self.run_id = self.run_id or record.run_id
             self.progress(
-                f"version {record.number} published at step {record.step}: held-out greedy reward {reward:.2f}"
+                f"version {record.number} published at step {record.step}: greedy reward {reward:.2f} on "
+                f"the held-out prompts, {seen:.2f} on the training prompts"
             )
         if self.run_id is not None and self.unlogged:
             import mlflow
 
             client = mlflow.MlflowClient(self.settings.tracking_uri)
-            for number, reward in sorted(self.unlogged.items()):
+            for number, (reward, seen) in sorted(self.unlogged.items()):
                 client.log_metric(self.run_id, "heldout/reward", reward, step=number)
+                client.log_metric(self.run_id, "greedy/train_reward", seen, step=number)
             self.unlogged.clear()
 
-    def _score(self, weights: dict[str, Any]) -> float:
+    def _score(self, weights: dict[str, Any], pairs: list[tuple[str, str]]) -> float:
         import torch
 
         from consumers.policies import load_policy, sample
@@ -1012,7 +1016,6 @@ class _HeldoutEvaluator:
             self.policy = load_policy(POLICY, vocab_size=self.tokenizer.vocab_size)
         self.policy.load_state_dict(weights)
         self.policy.eval()
-        pairs = heldout_prompts()
         with torch.no_grad():
             answers = sample(
                 self.policy, [self.tokenizer.encode(p) for p, _ in pairs], max_new_tokens=1, temperature=0.0
