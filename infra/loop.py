@@ -203,12 +203,15 @@ class LoopView:
         pids: the loop's child processes by name: serve, process, learner, rollout-<i>.
         restarts: how often each restartable child was restarted.
         submitted: tasks submitted so far.
+        settled: of those, tasks that ended (see `LoopSummary`; the workers' counts when every
+            worker runs on a thread).
     """
 
     version: int
     pids: dict[str, int]
     restarts: dict[str, int]
     submitted: int
+    settled: int
 
 
 Tick = Callable[[LoopView], None]
@@ -612,9 +615,10 @@ class _Loop:
         latest = self.watcher.latest()
         version = -1 if latest is None else latest.number
         if self.on_tick is not None:
-            self.on_tick(
-                LoopView(version, self.children.pids(), dict(self.children.restarts), self.submitted)
+            view = LoopView(
+                version, self.children.pids(), dict(self.children.restarts), self.submitted, self._settled()
             )
+            self.on_tick(view)
         return version
 
     def _settled(self) -> int:
