@@ -75,7 +75,7 @@ def busy_intervals(settings: Settings) -> list[tuple[float, float]]:
             if message.error():
                 open_ends.discard(message.partition())
                 continue
-            outcome = Outcome.decode(message.value())
+            outcome = Outcome.decode(message.value() or b"")
             key = (outcome.task_id, outcome.attempt)
             if outcome.event == "started":
                 started[key] = outcome.time_ms / 1000
@@ -172,8 +172,8 @@ def main() -> None:
         "concurrency": args.concurrency,
         "seed": 0,
     }
-    ours_options = LoopOptions(max_lag=args.max_lag, **common)  # type: ignore[arg-type]
-    sync_options = LoopOptions(max_lag=1, synchronous=True, **common)  # type: ignore[arg-type]
+    ours_options = LoopOptions(max_lag=args.max_lag, **common)
+    sync_options = LoopOptions(max_lag=1, synchronous=True, **common)
     load_before = load_average()
     with broker("bench-loop-") as settings:
         samples = alternate(

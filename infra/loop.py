@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.exceptions import DemoError
-from infra.processes import tail, terminate
+from infra.processes import stderr_progress, tail, terminate
 from infra.settings import Settings
 
 MODULUS = 5
@@ -225,11 +225,11 @@ class _Children:
     the same command line; a child that exits on its own is an error of the loop.
     """
 
-    def __init__(self, settings: Settings, progress: Progress) -> None:
+    def __init__(self, settings: Settings, progress: Progress | None = None) -> None:
         self.env = {**os.environ, **settings.as_env()}
         self.logs = settings.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.progress = progress
+        self.progress = progress or stderr_progress
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.argv: dict[str, list[str]] = {}
         self.restartable: set[str] = set()
