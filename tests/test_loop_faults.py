@@ -26,7 +26,7 @@ import pytest
 from infra.loop import MODEL_NAME, LoopOptions, LoopView, run_loop
 from infra.settings import Settings
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(600)
 OPTIONS = LoopOptions(
     versions=5,
     publish_every=4,
