@@ -485,6 +485,8 @@ class _ThreadLearner:
     def finish(self) -> dict[str, Any]:
         self.stop.set()
         self.thread.join(timeout=120)
+        if self.thread.is_alive():
+            raise DemoError("the loop's learner did not stop within 120 s of being asked to")
         if "error" in self.learned:
             raise DemoError(f"the loop's learner failed: {self.learned['error']}") from self.learned["error"]
         return dict(self.learned["result"].as_dict())
@@ -595,6 +597,8 @@ class _Loop:
             self.rollout.stop()
             for name in [n for n in self.children.running if n.startswith("rollout-")]:
                 self.children.stop_one(name)
+            if self.gate is not None:
+                self.gate.stop.set()  # a synchronous learner may wait in the gate for a wave
             result = self.learner.finish()
             self.evaluate.catch_up(self.watcher, run_id=result["run_id"])
             return _summary(self, result, started)
