@@ -10,8 +10,9 @@ driver every 0.25 s on both sides. Each side runs in a fresh loop, alternating, 
 
 Window, both sides: first task started (outcome log; the worker's share-group join, a few
 seconds of start-up, excluded) -> version `--versions` published (MLflow timestamps);
-tokens = the learner's `tokens` summed over the steps before that publication. `ratio` = median
-over rounds of async/sync tokens/s. `trainer_idle_ratio`: the learner's `sample_wait_s` (blocked
+tokens = the learner's `tokens` summed over the steps before that publication. Rounds alternate
+the order (bench/rounds.py); `ratio` = median over rounds of async/sync tokens/s, with the spread
+(`ratio_min`, `ratio_max`, `ratios`) and the load average before and after. `trainer_idle_ratio` (the asynchronous side's; `sync_trainer_idle_ratio` the baseline's): the learner's `sample_wait_s` (blocked
 for rows; plus the baseline's `sync_wait_s`) over the window; `generator_idle_ratio`: the share of
 the window with no task in flight at the worker (task outcome log, started -> done). CPU seconds
 per token: this process and its children (server, processor), start-up included.
@@ -25,15 +26,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import statistics
 import sys
 import uuid
-from typing import Any
 
 import psutil
 from local_broker import broker
+from rounds import Sample, alternate, emit, load_average, summary
 
 from infra.loop import LoopOptions, loop_settings, run_loop
 from infra.settings import Settings
@@ -77,7 +75,7 @@ def busy_intervals(settings: Settings) -> list[tuple[float, float]]:
             if message.error():
                 open_ends.discard(message.partition())
                 continue
-            outcome = Outcome.decode(message.value())
+            outcome = Outcome.decode(message.value() or b"")
             key = (outcome.task_id, outcome.attempt)
             if outcome.event == "started":
                 started[key] = outcome.time_ms / 1000
@@ -99,7 +97,7 @@ def covered(spans: list[tuple[float, float]], start: float, end: float) -> float
     return total
 
 
-def one_side(settings: Settings, options: LoopOptions, versions: int, label: str) -> dict[str, Any]:
+def one_side(settings: Settings, options: LoopOptions, versions: int, label: str) -> Sample:
     """One loop run; its tokens/s over first submission -> `versions` published, and idle shares."""
     import mlflow
 
@@ -109,48 +107,49 @@ def one_side(settings: Settings, options: LoopOptions, versions: int, label: str
         print(f"[{label}] {message}", file=sys.stderr)
 
     cpu0 = cpu_seconds()
-    summary = run_loop(settings, options, progress=progress, run=run)
+    outcome = run_loop(settings, options, progress=progress, run=run)
     cpu = cpu_seconds() - cpu0
     client = mlflow.MlflowClient(settings.tracking_uri)
     published = [
-        m for m in client.get_metric_history(summary.run_id, "policy_version") if m.value >= versions
+        m for m in client.get_metric_history(outcome.run_id, "policy_version") if m.value >= versions
     ]
     spans = busy_intervals(loop_settings(settings, run))
     if not published or not spans:
         raise SystemExit(
-            f"{label}: the loop did not publish version {versions} (summary {summary.as_dict()})"
+            f"{label}: the loop did not publish version {versions} (summary {outcome.as_dict()})"
         )
     last_step = min(m.step for m in published)
     end = min(m.timestamp for m in published if m.step == last_step) / 1000
     # A step's metrics are logged under its index (0-based), `policy_version` under the step count.
-    tokens = sum(m.value for m in client.get_metric_history(summary.run_id, "tokens") if m.step < last_step)
+    tokens = sum(m.value for m in client.get_metric_history(outcome.run_id, "tokens") if m.step < last_step)
     waits = sum(
         m.value
         for name in ("sample_wait_s", "sync_wait_s")  # the synchronous gate's wait, after publishing
-        for m in client.get_metric_history(summary.run_id, name)
+        for m in client.get_metric_history(outcome.run_id, name)
         if 0 < m.step < last_step
     )
     start = min(a for a, _ in spans)  # the first task started (the worker's share-group join excluded)
     window = end - start
     # The first step's wait began before the window: count the part after `start`.
     first = {
-        name: next(m for m in client.get_metric_history(summary.run_id, name) if m.step == 0)
+        name: next(m for m in client.get_metric_history(outcome.run_id, name) if m.step == 0)
         for name in ("sample_wait_s", "tokens", "tokens_per_s")
     }
     first_train_s = first["tokens"].value / first["tokens_per_s"].value
     in_window = first["sample_wait_s"].timestamp / 1000 - first_train_s - start
     waits += min(max(in_window, 0.0), first["sample_wait_s"].value)
-    return {
-        "tokens_per_s": tokens / window,
-        "tokens": tokens,
-        "steps": last_step,
-        "window_s": round(window, 2),
-        "trainer_idle_ratio": round(waits / window, 3),
-        "generator_idle_ratio": round(1 - covered(spans, start, end) / window, 3),
-        "cpu_s_per_token": cpu / max(tokens, 1),
-        "reward_last": summary.rewards[-1].mean if summary.rewards else None,
-        "max_staleness_trained": summary.max_staleness_trained,
-    }
+    return Sample(
+        items=tokens,
+        seconds=window,
+        cpu_s=cpu,
+        extra={
+            "trainer_idle_ratio": round(waits / window, 3),
+            "generator_idle_ratio": round(1 - covered(spans, start, end) / window, 3),
+            "steps": float(last_step),
+            "max_staleness_trained": float(outcome.max_staleness_trained),
+            "reward_last": outcome.rewards[-1].mean if outcome.rewards else 0.0,
+        },
+    )
 
 
 def main() -> None:
@@ -173,56 +172,26 @@ def main() -> None:
         "concurrency": args.concurrency,
         "seed": 0,
     }
-    ours_options = LoopOptions(max_lag=args.max_lag, **common)  # type: ignore[arg-type]
-    sync_options = LoopOptions(max_lag=1, synchronous=True, **common)  # type: ignore[arg-type]
-    load_before = os.getloadavg()
-    rounds: list[dict[str, Any]] = []
+    ours_options = LoopOptions(max_lag=args.max_lag, **common)
+    sync_options = LoopOptions(max_lag=1, synchronous=True, **common)
+    load_before = load_average()
     with broker("bench-loop-") as settings:
-        for i in range(args.rounds):
-            order = [("async", ours_options), ("sync", sync_options)]
-            if i % 2:
-                order.reverse()
-            result = {label: one_side(settings, options, args.versions, label) for label, options in order}
-            result["ratio"] = result["async"]["tokens_per_s"] / result["sync"]["tokens_per_s"]
-            rounds.append(result)
-            print(
-                f"round {i + 1}: async {result['async']['tokens_per_s']:.0f} tokens/s, "
-                f"sync {result['sync']['tokens_per_s']:.0f} tokens/s, ratio {result['ratio']:.3f}",
-                file=sys.stderr,
-            )
-    ratios = [r["ratio"] for r in rounds]
-
-    def median(side: str, key: str) -> float:
-        return round(statistics.median(r[side][key] for r in rounds), 4)
-
-    out = {
+        samples = alternate(
+            ("async", lambda _i: one_side(settings, ours_options, args.versions, "async")),
+            [("sync", lambda _i: one_side(settings, sync_options, args.versions, "sync"))],
+            args.rounds,
+        )
+    result = {
         "bench": "loop",
-        "ratio": round(statistics.median(ratios), 3),
-        "ratio_min": round(min(ratios), 3),
-        "ratio_max": round(max(ratios), 3),
-        "rounds": len(rounds),
+        **summary(samples, "async", load_before, unit="tokens"),
         "versions": args.versions,
         "max_lag": args.max_lag,
         "wave_groups": args.wave,
         "concurrency": args.concurrency,
-        "async_tokens_per_s": median("async", "tokens_per_s"),
-        "sync_tokens_per_s": median("sync", "tokens_per_s"),
-        "trainer_idle_ratio": median("async", "trainer_idle_ratio"),
-        "generator_idle_ratio": median("async", "generator_idle_ratio"),
-        "sync_trainer_idle_ratio": median("sync", "trainer_idle_ratio"),
-        "sync_generator_idle_ratio": median("sync", "generator_idle_ratio"),
-        "async_cpu_s_per_token": median("async", "cpu_s_per_token"),
-        "sync_cpu_s_per_token": median("sync", "cpu_s_per_token"),
-        "per_round": [
-            {"ratio": round(r["ratio"], 3), **{side: r[side] for side in ("async", "sync")}} for r in rounds
-        ],
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(json.dumps(out, indent=2))
+    result["trainer_idle_ratio"] = result["async_trainer_idle_ratio"]
+    result["generator_idle_ratio"] = result["async_generator_idle_ratio"]
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

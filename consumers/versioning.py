@@ -23,6 +23,7 @@ from consumers.weights import (
     load_weights,
     publish_version,
     reannounce_latest,
+    register_published,
 )
 from schemas.policy_version import PolicyVersion
 
@@ -77,7 +78,9 @@ class VersionKeeper:
         self, policy: torch.nn.Module, *, step: int, checkpoint_version: int | None, run_id: str
     ) -> None:
         """Take the version at start: the newest published one (its weights loaded when newer than
-        the checkpoint's), else publish the initial weights as version 0."""
+        the checkpoint's), else publish the initial weights as version 0. With `model_name`, the
+        newest version is registered under this run if it is not yet (initial weights published
+        before the run existed, or a registration cut off by a crash after the commit)."""
         latest = self.watcher.latest()
         if latest is None:
             self.publish(policy, step=step, run_id=run_id, table_version=None)
@@ -86,6 +89,13 @@ class VersionKeeper:
             policy.load_state_dict(load_weights(latest, storage_options=self.options.storage_options))
             log.info("learner continues from published version %d (step %d)", latest.number, latest.step)
         self.version = latest.number
+        if self.options.model_name is not None:
+            register_published(
+                latest,
+                _registration(self.options.model_name),
+                run_id=run_id,
+                storage_options=self.options.storage_options,
+            )
         if self.options.kafka_config is not None:
             reannounce_latest(
                 self.options.lake_uri,

@@ -8,34 +8,45 @@ buffer with `max_lag`, the asynchronous loss, a version published every `publish
 
 The task is addition modulo 5 over the digits 0-4 ("3+4" -> "2"), one answer token, judged by the
 registry's math verifier: an untrained policy over the 7-token vocabulary answers right about
-1 time in 7, and a small transformer learns it in a few minutes on the CPU. At each published
-version every one of the 25 prompts is also answered greedily (the held-out evaluation; these
-answers are never trained on), logged to MLflow beside the training reward.
+1 time in 7, and a small transformer learns it in a few minutes on the CPU. Tasks are drawn from
+20 of the 25 prompts; the other 5 (b = a + 2 mod 5, whose mirror images a + b are trained on) are
+held out: at each published version they are answered greedily and the reward logged to MLflow
+beside the training reward, so it measures generalization to prompts never trained on.
+
+With `LoopOptions.learner_process` and `rollout_processes` the learner (`rollstream learn`) and
+some rollout workers (`rollstream rollout`) run as child processes that may be SIGKILLed: the
+loop restarts a child that a signal ended, and the learner resumes from its checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.exceptions import DemoError
-from infra.processes import tail, terminate
+from infra.processes import stderr_progress, tail, terminate
 from infra.settings import Settings
 
 MODULUS = 5
 LOOP_DOMAIN = "math/arithmetic-000"
 POLICY = "transformer"
 GROUP_SIZE = 8
+EXPERIMENT = "rollstream-loop"
+MODEL_NAME = "rollstream-loop"
+"""The MLflow registered model that collects every loop's published versions (each under its run)."""
 Progress = Callable[[str], None]
 
 
@@ -49,6 +60,21 @@ def loop_tokenizer() -> Any:
 def prompts() -> list[tuple[str, str]]:
     """Every prompt of the task with its answer: ("3+4", "2")."""
     return [(f"{a}+{b}", str((a + b) % MODULUS)) for a in range(MODULUS) for b in range(MODULUS)]
+
+
+def _held_out(text: str) -> bool:
+    a, b = int(text[0]), int(text[2])
+    return (b - a) % MODULUS == 2
+
+
+def training_prompts() -> list[tuple[str, str]]:
+    """The 20 prompts tasks are made of."""
+    return [pair for pair in prompts() if not _held_out(pair[0])]
+
+
+def heldout_prompts() -> list[tuple[str, str]]:
+    """The 5 prompts never trained on (0+2, 1+3, 2+4, 3+0, 4+1: every answer once)."""
+    return [pair for pair in prompts() if _held_out(pair[0])]
 
 
 @dataclass(frozen=True)
@@ -65,12 +91,23 @@ class LoopOptions:
         rows_per_step: rows in a batch (each prompt + answer is 4 tokens).
         samples_per_insert: rows sampled per row inserted (the learner waits for fresh rows).
         lr: the learner's learning rate.
-        concurrency: groups the rollout worker generates at once.
+        concurrency: rollout workers, each generating one group at a time.
         seed: seeds the initial weights and the draws.
         synchronous: the synchronous baseline (bench/loop.py): wave v is submitted once version
             v is published, the server generates with it and every earlier task settled; the
             learner samples only once all of the wave's groups are in the table, trains on them
             alone (its buffer's max_lag 0) and publishes v+1. Generation and training never overlap.
+        learner_process: run the learner as `rollstream learn --follow --checkpoint ...`, a child
+            process restarted (resuming from its checkpoint) when a signal ends it; else on a thread.
+        rollout_processes: how many of the `concurrency` rollout workers run as `rollstream
+            rollout --concurrency 1` child processes, restarted when a signal ends them (each
+            imports torch: about 0.8 GB here); the others run on threads of this process.
+        checkpoint_every: the learner process's steps between checkpoints (and one per version).
+        task_lock_ms: the lease on a task (the run's share group lock; None: `task_lock_ms` of
+            the settings): a SIGKILLed worker's task comes back after it. Tasks get half of it
+            (at most `task_deadline_ms`) as their deadline.
+        model_name: register every published version as a model version of this MLflow model,
+            under the learner's run (None: don't).
     """
 
     versions: int = 8
@@ -84,6 +121,29 @@ class LoopOptions:
     concurrency: int = 8
     seed: int = 0
     synchronous: bool = False
+    learner_process: bool = False
+    rollout_processes: int = 0
+    checkpoint_every: int = 2
+    task_lock_ms: int | None = None
+    model_name: str | None = MODEL_NAME
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rollout_processes <= self.concurrency:
+            raise ValueError(
+                f"rollout_processes = {self.rollout_processes}: give 0 to concurrency ({self.concurrency})"
+            )
+        if self.wave * GROUP_SIZE * self.samples_per_insert < self.publish_every * self.rows_per_step:
+            raise ValueError(
+                f"a version trains on publish_every x rows_per_step / samples_per_insert = "
+                f"{self.publish_every * self.rows_per_step / self.samples_per_insert:.0f} rows, more than a "
+                f"wave of {self.wave} groups of {GROUP_SIZE} gives: the learner would wait for tasks the "
+                "loop holds back; raise wave or samples_per_insert, or lower rows_per_step"
+            )
+        if self.synchronous and (self.learner_process or self.rollout_processes):
+            raise ValueError(
+                "the synchronous baseline gates the learner in process: run it without "
+                "learner_process and rollout_processes"
+            )
 
 
 @dataclass
@@ -98,11 +158,14 @@ class VersionReward:
 
 @dataclass
 class LoopSummary:
-    """What a loop run did; `accounted_for` says every task ended as a group or a dead letter."""
+    """What a loop run did; `accounted_for` says every task ended as one complete group or a task
+    dead letter (`done`: tasks with a complete group in the table; `dead`: the others with a task
+    dead letter; `missing`: neither)."""
 
     submitted: int
     done: int
     dead: int
+    missing: int
     groups_in_table: int
     complete_groups: int
     versions_published: int
@@ -113,11 +176,17 @@ class LoopSummary:
     table_uri: str
     tracking_uri: str
     seconds: float
+    restarts: dict[str, int] = field(default_factory=dict)
+    learner_resumed_from: int = 0
     logs: dict[str, str] = field(default_factory=dict)
 
     @property
     def accounted_for(self) -> bool:
-        return self.done + self.dead == self.submitted and self.complete_groups == self.done
+        return (
+            self.missing == 0
+            and self.done + self.dead == self.submitted
+            and self.complete_groups == self.done
+        )
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -125,30 +194,91 @@ class LoopSummary:
         return out
 
 
-class _Children:
-    """Child processes of the loop, each with a log; stopped by PID with SIGTERM."""
+@dataclass(frozen=True)
+class LoopView:
+    """What `run_loop`'s `on_tick` sees, about four times a second.
 
-    def __init__(self, settings: Settings) -> None:
-        self.env = {**__import__("os").environ, **settings.as_env()}
+    Attributes:
+        version: the newest published version (-1 before the first).
+        pids: the loop's child processes by name: serve, process, learner, rollout-<i>.
+        restarts: how often each restartable child was restarted.
+        submitted: tasks submitted so far.
+        settled: of those, tasks that ended (see `LoopSummary`; the workers' counts when every
+            worker runs on a thread).
+    """
+
+    version: int
+    pids: dict[str, int]
+    restarts: dict[str, int]
+    submitted: int
+    settled: int
+
+
+Tick = Callable[[LoopView], None]
+MAX_RESTARTS = 5
+
+
+class _Children:
+    """Child processes of the loop, each with a log; stopped by PID with SIGTERM.
+
+    A restartable child that a signal ended (a SIGKILL, the OOM killer) is started again with
+    the same command line; a child that exits on its own is an error of the loop.
+    """
+
+    def __init__(self, settings: Settings, progress: Progress | None = None) -> None:
+        self.env = {**os.environ, **settings.as_env()}
         self.logs = settings.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.progress = progress or stderr_progress
         self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.argv: dict[str, list[str]] = {}
+        self.restartable: set[str] = set()
+        self.restarts: Counter[str] = Counter()
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str], *, restartable: bool = False) -> subprocess.Popen[bytes]:
         with (self.logs / f"loop-{name}.log").open("ab") as log:
             child = subprocess.Popen(
                 [sys.executable, "-m", "infra.cli", *argv], stdout=subprocess.PIPE, stderr=log, env=self.env
             )
-        self.running[name] = child
+        self.running[name], self.argv[name] = child, argv
+        if restartable:
+            self.restartable.add(name)
         return child
 
     def check(self) -> None:
-        for name, child in self.running.items():
-            if child.poll() is not None:
-                raise DemoError(
-                    f"the loop's {name} exited with code {child.returncode}; its log ends with:\n"
-                    f"{tail(self.logs / f'loop-{name}.log')}"
+        for name, child in list(self.running.items()):
+            code = child.poll()
+            if code is None:
+                continue
+            if name in self.restartable and code < 0 and self.restarts[name] < MAX_RESTARTS:
+                self.restarts[name] += 1
+                self.progress(
+                    f"the loop's {name} (pid {child.pid}) was ended by signal {-code}; restarting it "
+                    f"(restart {self.restarts[name]})"
                 )
+                self.start(name, self.argv[name])
+                continue
+            raise DemoError(
+                f"the loop's {name} exited with code {code}; its log ends with:\n"
+                f"{tail(self.logs / f'loop-{name}.log')}"
+            )
+
+    def pids(self) -> dict[str, int]:
+        return {name: child.pid for name, child in self.running.items()}
+
+    def stop_one(self, name: str) -> bytes:
+        """Stop one child with SIGTERM; returns what it printed on stdout."""
+        child = self.running.pop(name)
+        if child.poll() is None:
+            terminate(child.pid, timeout=60.0)
+        out = child.stdout.read() if child.stdout is not None else b""
+        child.wait()
+        if child.returncode != 0:
+            raise DemoError(
+                f"the loop's {name} exited with code {child.returncode} when stopped; its log ends with:\n"
+                f"{tail(self.logs / f'loop-{name}.log')}"
+            )
+        return out
 
     def stop(self) -> None:
         for child in self.running.values():
@@ -157,9 +287,15 @@ class _Children:
             child.wait()
 
 
-def loop_settings(settings: Settings, run: str) -> Settings:
+def loop_settings(settings: Settings, run: str, task_lock_ms: int | None = None) -> Settings:
     """The settings of loop run `run`: its own lake and topics on the same broker and tracking store."""
     prefix = f"rollouts.loop-{run}"
+    lock = {}
+    if task_lock_ms is not None:
+        lock = {
+            "task_lock_ms": task_lock_ms,
+            "task_deadline_ms": min(settings.task_deadline_ms, task_lock_ms),
+        }
     return settings.replace(
         lake_uri=str(settings.state_dir / "loop" / run / "lake"),
         raw_topic=f"{prefix}.raw",
@@ -169,15 +305,23 @@ def loop_settings(settings: Settings, run: str) -> Settings:
         task_dlq_topic=f"{prefix}.tasks.dlq",
         task_outcomes_topic=f"{prefix}.tasks.outcomes",
         task_group=f"{prefix}.tasks",
+        **lock,
     )
 
 
 def run_loop(
-    settings: Settings, options: LoopOptions, *, progress: Progress, run: str | None = None
+    settings: Settings,
+    options: LoopOptions,
+    *,
+    progress: Progress,
+    run: str | None = None,
+    on_tick: Tick | None = None,
 ) -> LoopSummary:
     """Run the closed loop until `options.versions` (or the time limit), then drain and account.
 
     The run gets its own lake (``<state_dir>/loop/<run>/lake``) and topics (`loop_settings`).
+    `on_tick` is called with a `LoopView` about four times a second (a fault test kills children
+    by their pids from it).
     """
     import torch
 
@@ -187,7 +331,8 @@ def run_loop(
 
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _interrupt)  # the children are stopped on the way out
-    settings = loop_settings(settings, run or uuid.uuid4().hex[:8])
+    run = run or uuid.uuid4().hex[:8]
+    settings = loop_settings(settings, run, options.task_lock_ms)
     services.up(settings, progress=progress)
     tokenizer = loop_tokenizer()
     token_file = settings.state_dir / "mod5-tokenizer.json"
@@ -203,7 +348,7 @@ def run_loop(
         storage_options=settings.delta_storage_options(),
     )
     progress(f"version 0 published ({published.path})")
-    children = _Children(settings)
+    children = _Children(settings, progress)
     try:
         server = children.start(
             "serve",
@@ -226,9 +371,74 @@ def run_loop(
         )
         url = _listening_url(server, children)
         children.start("process", ["process", "--group-wall-timeout", "30"])
-        return _drive(settings, options, url, tokenizer, children, started, progress)
+        for i in range(options.rollout_processes):
+            children.start(
+                f"rollout-{i}", _rollout_argv(settings, options, url, token_file, i), restartable=True
+            )
+        loop = _Loop(settings, options, url, tokenizer, children, settings.state_dir / "loop" / run, progress)
+        return loop.drive(started, on_tick)
     finally:
         children.stop()
+
+
+def _rollout_argv(
+    settings: Settings, options: LoopOptions, url: str, token_file: Any, index: int
+) -> list[str]:
+    return [
+        "rollout",
+        "--backend",
+        url,
+        "--tokenizer",
+        str(token_file),
+        "--concurrency",
+        "1",
+        "--max-lag",
+        str(options.max_lag),
+        "--lake",
+        settings.lake_uri,
+        "--worker-id",
+        f"loop-rollout-p{index}",
+    ]
+
+
+def _learner_argv(options: LoopOptions, vocab_size: int, checkpoint: Any) -> list[str]:
+    argv = [
+        "learn",
+        "--follow",
+        "--no-progress",
+        "--experiment",
+        EXPERIMENT,
+        "--policy",
+        POLICY,
+        "--layout",
+        "packed",
+        "--token-budget",
+        str(4 * options.rows_per_step),
+        "--max-length",
+        "8",
+        "--vocab-size",
+        str(vocab_size),
+        "--no-profile-match",
+        "--max-lag",
+        str(options.max_lag),
+        "--samples-per-insert",
+        str(options.samples_per_insert),
+        "--min-size",
+        str(options.rows_per_step),
+        "--lr",
+        str(options.lr),
+        "--seed",
+        str(options.seed),
+        "--publish-every",
+        str(options.publish_every),
+        "--checkpoint",
+        str(checkpoint),
+        "--checkpoint-every",
+        str(options.checkpoint_every),
+    ]
+    if options.model_name is not None:
+        argv += ["--register-model", options.model_name]
+    return argv
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:
@@ -246,33 +456,53 @@ def _listening_url(server: subprocess.Popen[bytes], children: _Children) -> str:
     raise DemoError("rollstream serve did not say where it listens within 120 s")
 
 
-def _drive(
-    settings: Settings,
-    options: LoopOptions,
-    url: str,
-    tokenizer: Any,
-    children: _Children,
-    started: float,
-    progress: Progress,
-) -> LoopSummary:
-    from consumers import learn
-    from consumers.versioning import PublishOptions
+def _table_exists(settings: Settings) -> bool:
+    from deltalake import DeltaTable
 
-    heldout: dict[int, float] = {}
-    evaluate = _HeldoutEvaluator(tokenizer, settings.tracking_uri, heldout, progress)
-    stop_learner = threading.Event()
-    learned: dict[str, Any] = {}
-    rollout = _Rollout(settings, options, url, tokenizer)
-    gate = _SyncGate(settings, options, url, rollout, stop_learner, evaluate) if options.synchronous else None
+    return bool(
+        DeltaTable.is_deltatable(
+            settings.lake_table_uri("trajectories"), storage_options=settings.delta_storage_options()
+        )
+    )
 
-    def learner() -> None:
+
+class _ThreadLearner:
+    """`consumers.learn` on a thread of the driver (it waits for the table itself)."""
+
+    def __init__(self, settings: Settings, options: LoopOptions, vocab_size: int, gate: Any) -> None:
+        self.stop = threading.Event()
+        self.learned: dict[str, Any] = {}
+        self.args = (settings, options, vocab_size, gate)
+        self.thread = threading.Thread(target=self._run, name="loop-learner", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def tick(self) -> None:
+        if "error" in self.learned or not self.thread.is_alive():
+            raise DemoError(f"the loop's learner stopped: {self.learned.get('error', 'it returned early')}")
+
+    def finish(self) -> dict[str, Any]:
+        self.stop.set()
+        self.thread.join(timeout=120)
+        if self.thread.is_alive():
+            raise DemoError("the loop's learner did not stop within 120 s of being asked to")
+        if "error" in self.learned:
+            raise DemoError(f"the loop's learner failed: {self.learned['error']}") from self.learned["error"]
+        return dict(self.learned["result"].as_dict())
+
+    def _run(self) -> None:
+        from consumers import learn
+        from consumers.versioning import PublishOptions
+
+        settings, options, vocab_size, gate = self.args
         try:
-            _wait_for_table(settings, stop_learner)
-            learned["result"] = learn(
+            _wait_for_table(settings, self.stop)
+            self.learned["result"] = learn(
                 table_uri=settings.lake_table_uri("trajectories"),
                 storage_options=settings.delta_storage_options(),
                 tracking_uri=settings.tracking_uri,
-                experiment="rollstream-loop",
+                experiment=EXPERIMENT,
                 steps=None,
                 lr=options.lr,
                 seed=options.seed,
@@ -281,14 +511,15 @@ def _drive(
                     lake_uri=settings.lake_uri,
                     every=options.publish_every,
                     storage_options=settings.delta_storage_options(),
+                    model_name=options.model_name,
                 ),
-                on_publish=evaluate if gate is None else gate,
-                stop=stop_learner,
+                on_publish=gate,
+                stop=self.stop,
                 follow=True,
                 layout="packed",
                 token_budget=4 * options.rows_per_step,
                 max_length=8,
-                vocab_size=tokenizer.vocab_size,
+                vocab_size=vocab_size,
                 profile_matched=False,
                 max_lag=0 if options.synchronous else options.max_lag,
                 samples_per_insert=options.samples_per_insert,
@@ -296,77 +527,166 @@ def _drive(
                 sample_timeout_s=5.0,
                 poll_interval_s=0.2,
             )
-        except BaseException as exc:  # reported by the driver
-            learned["error"] = exc
+        except BaseException as exc:  # reported by tick() and finish()
+            self.learned["error"] = exc
 
-    thread = threading.Thread(target=learner, name="loop-learner", daemon=True)
-    thread.start()
-    rollout.start()
-    submitted = 0
-    try:
-        submitted = _feed(settings, options, rollout, learned, thread, children, started, progress, gate)
-        _drain(settings, rollout, submitted, children, progress)
-    finally:
-        stop_learner.set()
-        rollout.stop()
-        thread.join(timeout=120)
-    if "error" in learned:
-        raise DemoError(f"the loop's learner failed: {learned['error']}") from learned["error"]
-    result = learned["result"]
-    return _summary(settings, options, rollout, submitted, result, heldout, started, children)
+
+class _ProcessLearner:
+    """`rollstream learn --follow --checkpoint ...` as a restartable child, started once the table exists."""
+
+    def __init__(self, settings: Settings, children: _Children, argv: list[str]) -> None:
+        self.settings, self.children, self.argv = settings, children, argv
+        self.started = False
+
+    def start(self) -> None:
+        pass
+
+    def tick(self) -> None:
+        if not self.started and _table_exists(self.settings):
+            self.children.start("learner", self.argv, restartable=True)
+            self.started = True
+
+    def finish(self) -> dict[str, Any]:
+        if not self.started:
+            raise DemoError("the loop's learner never started: no trajectories table; see the process log")
+        lines = self.children.stop_one("learner").decode().strip().splitlines()
+        if not lines:
+            raise DemoError("the loop's learner printed no result when stopped; see its log")
+        return dict(json.loads(lines[-1]))
+
+
+class _Loop:
+    """One loop run's driver: submits waves, watches versions, scores held-out prompts, drains."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        options: LoopOptions,
+        url: str,
+        tokenizer: Any,
+        children: _Children,
+        run_dir: Any,
+        progress: Progress,
+    ) -> None:
+        from consumers.weights import PolicyWatcher
+
+        self.settings, self.options, self.children, self.progress = settings, options, children, progress
+        self.heldout: dict[int, float] = {}
+        self.evaluate = _HeldoutEvaluator(tokenizer, settings, self.heldout, progress)
+        self.ledger = _Ledger(settings)
+        self.rollout = _Rollout(settings, options, url, tokenizer)
+        self.watcher = PolicyWatcher(settings.lake_uri, storage_options=settings.delta_storage_options())
+        self.gate = _SyncGate(settings, options, url, self.rollout) if options.synchronous else None
+        self.learner: _ThreadLearner | _ProcessLearner
+        if options.learner_process:
+            argv = _learner_argv(options, tokenizer.vocab_size, run_dir / "learner.ckpt")
+            self.learner = _ProcessLearner(settings, children, argv)
+        else:
+            self.learner = _ThreadLearner(settings, options, tokenizer.vocab_size, self.gate)
+        self.submitted = 0
+        self.on_tick: Tick | None = None
+
+    def drive(self, started: float, on_tick: Tick | None) -> LoopSummary:
+        self.on_tick = on_tick
+        self.learner.start()
+        self.rollout.start()
+        result: dict[str, Any] | None = None
+        try:
+            self._feed(started)
+            self._drain()
+            self.rollout.stop()
+            for name in [n for n in self.children.running if n.startswith("rollout-")]:
+                self.children.stop_one(name)
+            if self.gate is not None:
+                self.gate.stop.set()  # a synchronous learner may wait in the gate for a wave
+            result = self.learner.finish()
+            self.evaluate.catch_up(self.watcher, run_id=result["run_id"])
+            return _summary(self, result, started)
+        finally:
+            if self.gate is not None:
+                self.gate.stop.set()
+            self.rollout.stop()
+            if result is None and isinstance(self.learner, _ThreadLearner):
+                self.learner.stop.set()
+            self.ledger.close()
+
+    def _tick(self) -> int:
+        """Check every piece, start the learner once it can, score new versions; the newest version."""
+        self.children.check()
+        self.rollout.check()
+        self.learner.tick()
+        self.evaluate.catch_up(self.watcher)
+        latest = self.watcher.latest()
+        version = -1 if latest is None else latest.number
+        if self.on_tick is not None:
+            view = LoopView(
+                version, self.children.pids(), dict(self.children.restarts), self.submitted, self._settled()
+            )
+            self.on_tick(view)
+        return version
+
+    def _settled(self) -> int:
+        if self.options.learner_process or self.options.rollout_processes:
+            self.ledger.refresh()
+            return self.ledger.settled()
+        return self.rollout.settled()
+
+    def _feed(self, started: float) -> None:
+        """Submit waves of tasks until the learner reaches the target version or the time runs out."""
+        options, wave, last = self.options, 0, -2
+        while True:
+            version = self._tick()
+            settled = self._settled()
+            if version != last:
+                self.progress(f"learner at version {version}; tasks done {settled}/{self.submitted}")
+                last = version
+            if version >= options.versions or time.monotonic() - started > options.time_limit_s:
+                return
+            # One wave a version, at most max_lag waves ahead of the learner: each version's weights
+            # generate about a wave of groups, and no group waits for the learner longer than the
+            # staleness limit allows.
+            if self.gate is not None:
+                if wave <= max(version, 0) and settled == self.submitted and self.gate.serving(version):
+                    self._submit(wave)
+                    wave += 1
+                    self.gate.submitted = self.submitted
+            elif wave <= max(version, 0) + options.max_lag - 1 and self.submitted - settled < options.wave:
+                self._submit(wave)
+                wave += 1
+            time.sleep(0.25)
+
+    def _submit(self, wave: int) -> None:
+        ids = _submit(self.settings, self.options, wave)
+        self.ledger.submitted.extend(ids)
+        self.submitted += len(ids)
+
+    def _drain(self) -> None:
+        """Wait until every submitted task has a complete group in the table or a task dead letter."""
+        lock_s = self.settings.task_lock_ms / 1000
+        limit = 180 + (lock_s if self.options.rollout_processes else 0)
+        deadline = time.monotonic() + limit
+        self.progress(f"draining: {self.submitted} tasks submitted")
+        while True:
+            self._tick()
+            self.ledger.refresh()
+            missing = self.ledger.missing()
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"{len(missing)} of {self.submitted} tasks have neither a complete group in the table "
+                    f"nor a task dead letter after {limit:.0f} s of draining (e.g. {missing[:3]})"
+                )
+            time.sleep(0.5)
 
 
 def _wait_for_table(settings: Settings, stop: threading.Event, timeout_s: float = 180.0) -> None:
     """Wait until `rollstream process` made the trajectories table (its first commit)."""
-    from deltalake import DeltaTable
-
     uri, deadline = settings.lake_table_uri("trajectories"), time.monotonic() + timeout_s
-    while not DeltaTable.is_deltatable(uri, storage_options=settings.delta_storage_options()):
+    while not _table_exists(settings):
         if stop.is_set() or time.monotonic() > deadline:
             raise DemoError(f"no trajectories table at {uri} within {timeout_s:.0f} s; see the process log")
         time.sleep(0.5)
-
-
-def _feed(
-    settings: Settings,
-    options: LoopOptions,
-    rollout: _Rollout,
-    learned: dict[str, Any],
-    thread: threading.Thread,
-    children: _Children,
-    started: float,
-    progress: Progress,
-    gate: _SyncGate | None = None,
-) -> int:
-    """Submit waves of tasks until the learner reaches the target version or the time runs out."""
-    from consumers.weights import PolicyWatcher
-
-    watcher = PolicyWatcher(settings.lake_uri, storage_options=settings.delta_storage_options())
-    submitted, wave, last = 0, 0, -1
-    while True:
-        children.check()
-        rollout.check()
-        if "error" in learned or not thread.is_alive():
-            raise DemoError(f"the loop's learner stopped: {learned.get('error', 'it returned early')}")
-        latest = watcher.latest()
-        version = -1 if latest is None else latest.number
-        if version != last:
-            progress(f"learner at version {version}; tasks done {rollout.settled()}/{submitted}")
-            last = version
-        if version >= options.versions or time.monotonic() - started > options.time_limit_s:
-            return submitted
-        # One wave a version, at most max_lag waves ahead of the learner: each version's weights
-        # generate about a wave of groups, and no group waits for the learner longer than the
-        # staleness limit allows.
-        if gate is not None:
-            if wave <= max(version, 0) and rollout.settled() == submitted and gate.serving(version):
-                submitted += _submit(settings, options, wave)
-                wave += 1
-                gate.submitted = submitted
-        elif wave <= max(version, 0) + options.max_lag - 1 and submitted - rollout.settled() < options.wave:
-            submitted += _submit(settings, options, wave)
-            wave += 1
-        time.sleep(0.25)
 
 
 class _SyncGate:
@@ -374,17 +694,9 @@ class _SyncGate:
     was submitted and all its groups are in the table (or the loop stops); the wait is logged as
     `sync_wait_s` at the publishing step."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        options: LoopOptions,
-        url: str,
-        rollout: _Rollout,
-        stop: threading.Event,
-        then: Callable[[Any, Any], None],
-    ) -> None:
-        self.settings, self.wave, self.url = settings, options.wave, url
-        self.rollout, self.stop, self.then = rollout, stop, then
+    def __init__(self, settings: Settings, options: LoopOptions, url: str, rollout: _Rollout) -> None:
+        self.settings, self.wave, self.url, self.rollout = settings, options.wave, url, rollout
+        self.stop = threading.Event()
         self.submitted = 0
 
     def serving(self, version: int) -> bool:
@@ -396,7 +708,6 @@ class _SyncGate:
     def __call__(self, record: Any, policy: Any) -> None:
         import mlflow
 
-        self.then(record, policy)
         waited = time.perf_counter()
         while not self.stop.is_set():
             submitted = self.submitted
@@ -430,37 +741,93 @@ def _groups_in_table(settings: Settings) -> int:
     )
 
 
-def _drain(
-    settings: Settings, rollout: _Rollout, submitted: int, children: _Children, progress: Progress
-) -> None:
-    """Wait until every submitted task is settled and its group is in the table."""
+class _Ledger:
+    """Which submitted tasks ended: a complete group in the trajectories table, or a task dead letter.
 
-    deadline = time.monotonic() + 180
-    progress(f"draining: {submitted} tasks submitted")
-    while rollout.settled() < submitted:
-        children.check()
-        rollout.check()
-        if time.monotonic() > deadline:
-            raise DemoError(f"only {rollout.settled()}/{submitted} tasks settled within 180 s of draining")
-        time.sleep(0.25)
-    while True:
-        children.check()
-        groups = _groups_in_table(settings)
-        if groups >= rollout.stats_done():
+    The table and the task dead-letter topic are what the loop's accounting rests on, not the
+    workers' counters (a SIGKILLed worker takes its counters with it).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.settings = settings
+        self.submitted: list[str] = []
+        self.complete: set[str] = set()
+        self.dead: set[str] = set()
+        self._read_at = -math.inf
+        topic = settings.task_dlq_topic
+        self._consumer = Consumer(
+            {
+                **dict(settings.kafka_client),
+                "bootstrap.servers": settings.bootstrap_servers,
+                "group.id": f"rollstream-loop-ledger-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+            }
+        )
+        partitions = self._consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        self._partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions]
+        self._consumer.assign(self._partitions)
+
+    def refresh(self, every_s: float = 1.0) -> None:
+        """Read new dead letters and the table's complete groups (at most every `every_s`)."""
+        import polars as pl
+
+        from producers.tasks import TaskDeadLetter
+
+        if time.monotonic() - self._read_at < every_s:
             return
-        if time.monotonic() > deadline:
-            raise DemoError(
-                f"{groups} of {rollout.stats_done()} completed tasks are in the table after draining"
-            )
-        time.sleep(0.5)
+        self._read_at = time.monotonic()
+        for message in self._consumer.consume(10_000, timeout=0.1):
+            if message.error() is None:
+                self.dead.add(TaskDeadLetter.from_message(message).task_id)
+        if not _table_exists(self.settings):
+            return
+        rows = pl.read_delta(
+            self.settings.lake_table_uri("trajectories"),
+            columns=["task_id", "group_status"],
+            storage_options=self.settings.delta_storage_options(),
+        )
+        done = rows.filter(pl.col("task_id").is_not_null() & (pl.col("group_status") == "complete"))
+        self.complete = set(done["task_id"].unique().to_list())
+
+    def read_to_end(self, timeout_s: float = 30.0) -> None:
+        """Every dead letter written so far, and the table as it is now."""
+        from producers.tasks import TaskDeadLetter
+
+        ends = {
+            tp.partition: self._consumer.get_watermark_offsets(tp, timeout=timeout_s)[1]
+            for tp in self._partitions
+        }
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            positions = {tp.partition: tp.offset for tp in self._consumer.position(self._partitions)}
+            if all(end <= 0 or positions.get(p, -1) >= end for p, end in ends.items()):
+                break
+            for message in self._consumer.consume(10_000, timeout=0.5):
+                if message.error() is None:
+                    self.dead.add(TaskDeadLetter.from_message(message).task_id)
+        self._read_at = -math.inf
+        self.refresh()
+
+    def settled(self) -> int:
+        return sum(1 for task in self.submitted if task in self.complete or task in self.dead)
+
+    def missing(self) -> list[str]:
+        return [task for task in self.submitted if task not in self.complete and task not in self.dead]
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
-def _submit(settings: Settings, options: LoopOptions, wave: int) -> int:
+def _submit(settings: Settings, options: LoopOptions, wave: int) -> list[str]:
+    """Submit wave `wave` of tasks; returns their ids."""
     from producers.tasks import TaskSubmitter, TaskTopics
     from schemas import pack_int32
 
     tokenizer = loop_tokenizer()
-    pairs = prompts()
+    pairs = training_prompts()
+    deadline_ms = min(settings.task_deadline_ms, settings.task_lock_ms // 2)
     tasks = []
     for i in range(options.wave):
         text, answer = pairs[(wave * options.wave + i) % len(pairs)]
@@ -475,6 +842,7 @@ def _submit(settings: Settings, options: LoopOptions, wave: int) -> int:
                 "max_tokens": 1,
                 "temperature": 1.0,
                 "priority": 1,
+                "deadline_ms": deadline_ms,
             }
         )
     topics = TaskTopics.named(
@@ -484,17 +852,18 @@ def _submit(settings: Settings, options: LoopOptions, wave: int) -> int:
         bootstrap_servers=settings.bootstrap_servers,
         topics=topics,
         lock_ms=settings.task_lock_ms,
-        default_deadline_ms=min(settings.task_deadline_ms, settings.task_lock_ms),
+        default_deadline_ms=deadline_ms,
         extra_config=settings.kafka_client,
     ) as submitter:
         report = submitter.submit(tasks)
     if report.refused:
         raise DemoError(f"the loop's tasks were refused: {report.refused[0].reason}")
-    return report.total
+    return [str(task["task_id"]) for task in tasks]
 
 
 class _Rollout:
-    """A rollout worker on a thread of its own, against the loop's server."""
+    """The loop's in-process rollout workers (`concurrency - rollout_processes` of them) on one
+    thread's event loop, against the loop's server."""
 
     def __init__(self, settings: Settings, options: LoopOptions, url: str, tokenizer: Any) -> None:
         self.settings, self.options, self.url, self.tokenizer = settings, options, url, tokenizer
@@ -560,7 +929,7 @@ class _Rollout:
                 low_every=settings.task_low_every,
                 extra_config=settings.kafka_client,
             )
-            for i in range(self.options.concurrency)
+            for i in range(self.options.concurrency - self.options.rollout_processes)
         ]
         backend = HttpBackend(self.url)
         publisher = AsyncPublisher(
@@ -601,28 +970,64 @@ class _Newest:
 
 
 class _HeldoutEvaluator:
-    """Answers every prompt greedily at each published version and logs the reward to MLflow."""
+    """Answers the held-out prompts greedily with each published version (read back from the lake,
+    sha256 checked) and logs `heldout/reward` to the learner's MLflow run, step = the version;
+    `greedy/train_reward` beside it is the same on the training prompts.
 
-    def __init__(self, tokenizer: Any, tracking_uri: str, out: dict[int, float], progress: Progress) -> None:
+    Versions published before the run id is known (version 0, by the loop) are logged once it is."""
+
+    def __init__(self, tokenizer: Any, settings: Settings, out: dict[int, float], progress: Progress) -> None:
         from stream_processors.verifiers.domains import DomainVerifiers
 
-        self.tokenizer, self.tracking_uri, self.out, self.progress = tokenizer, tracking_uri, out, progress
+        self.tokenizer, self.settings, self.out, self.progress = tokenizer, settings, out, progress
         self.verifiers = DomainVerifiers()
+        self.policy: Any = None
+        self.next = 0
+        self.run_id: str | None = None
+        self.unlogged: dict[int, tuple[float, float]] = {}
 
-    def __call__(self, record: Any, policy: Any) -> None:
-        import mlflow
+    def catch_up(self, watcher: Any, *, run_id: str | None = None) -> None:
+        """Score every version published since the last call."""
+        from consumers.weights import load_weights
+
+        self.run_id = self.run_id or run_id
+        latest = watcher.latest()
+        while latest is not None and self.next <= latest.number:
+            record = watcher.get(self.next)
+            self.next += 1
+            if record is None:
+                continue
+            weights = load_weights(record, storage_options=self.settings.delta_storage_options())
+            reward, seen = self._score(weights, heldout_prompts()), self._score(weights, training_prompts())
+            self.out[record.number] = reward
+            self.unlogged[record.number] = (reward, seen)
+            self.run_id = self.run_id or record.run_id
+            self.progress(
+                f"version {record.number} published at step {record.step}: greedy reward {reward:.2f} on "
+                f"the held-out prompts, {seen:.2f} on the training prompts"
+            )
+        if self.run_id is not None and self.unlogged:
+            import mlflow
+
+            client = mlflow.MlflowClient(self.settings.tracking_uri)
+            for number, (reward, seen) in sorted(self.unlogged.items()):
+                client.log_metric(self.run_id, "heldout/reward", reward, step=number)
+                client.log_metric(self.run_id, "greedy/train_reward", seen, step=number)
+            self.unlogged.clear()
+
+    def _score(self, weights: dict[str, Any], pairs: list[tuple[str, str]]) -> float:
         import torch
 
-        from consumers.policies import sample
+        from consumers.policies import load_policy, sample
 
-        pairs = prompts()
-        was_training = policy.training
-        policy.eval()
+        if self.policy is None:
+            self.policy = load_policy(POLICY, vocab_size=self.tokenizer.vocab_size)
+        self.policy.load_state_dict(weights)
+        self.policy.eval()
         with torch.no_grad():
             answers = sample(
-                policy, [self.tokenizer.encode(p) for p, _ in pairs], max_new_tokens=1, temperature=0.0
+                self.policy, [self.tokenizer.encode(p) for p, _ in pairs], max_new_tokens=1, temperature=0.0
             )
-        policy.train(was_training)
         rewards = []
         for (text, expected), answer in zip(pairs, answers, strict=True):
             verdict = self.verifiers.judge(
@@ -635,15 +1040,7 @@ class _HeldoutEvaluator:
                 }
             )
             rewards.append(verdict.reward)
-        reward = sum(rewards) / len(rewards)
-        self.out[record.number] = reward
-        if record.run_id:
-            mlflow.MlflowClient(self.tracking_uri).log_metric(
-                record.run_id, "heldout/reward", reward, step=record.number
-            )
-        self.progress(
-            f"version {record.number} published at step {record.step}: held-out greedy reward {reward:.2f}"
-        )
+        return sum(rewards) / len(rewards)
 
 
 def version_rewards(table_uri: str, storage_options: dict[str, str] | None = None) -> list[VersionReward]:
@@ -666,19 +1063,12 @@ def version_rewards(table_uri: str, storage_options: dict[str, str] | None = Non
     return out
 
 
-def _summary(
-    settings: Settings,
-    options: LoopOptions,
-    rollout: _Rollout,
-    submitted: int,
-    result: Any,
-    heldout: dict[int, float],
-    started: float,
-    children: _Children,
-) -> LoopSummary:
+def _summary(loop: _Loop, result: dict[str, Any], started: float) -> LoopSummary:
     import mlflow
     import polars as pl
 
+    settings = loop.settings
+    loop.ledger.read_to_end()
     table = settings.lake_table_uri("trajectories")
     rows = pl.read_delta(
         table,
@@ -687,23 +1077,30 @@ def _summary(
     ).filter(pl.col("task_id").is_not_null())
     groups = rows.group_by("group_id").agg(pl.col("group_status").first())
     rewards = version_rewards(table, settings.delta_storage_options())
+    run_id = str(result["run_id"])
     client = mlflow.MlflowClient(settings.tracking_uri)
     for reward in rewards:
-        client.log_metric(result.run_id, "reward_by_version", reward.mean, step=reward.version)
-    staleness = client.get_metric_history(result.run_id, "staleness/max")
+        client.log_metric(run_id, "reward_by_version", reward.mean, step=reward.version)
+    staleness = client.get_metric_history(run_id, "staleness/max")
+    submitted = set(loop.ledger.submitted)
+    done = len(submitted & loop.ledger.complete)
+    dead = len((submitted & loop.ledger.dead) - loop.ledger.complete)
     return LoopSummary(
-        submitted=submitted,
-        done=rollout.stats_done(),
-        dead=rollout.settled() - rollout.stats_done(),
+        submitted=len(loop.ledger.submitted),
+        done=done,
+        dead=dead,
+        missing=len(loop.ledger.missing()),
         groups_in_table=groups.height,
         complete_groups=int((groups["group_status"] == "complete").sum()),
-        versions_published=int(result.policy_version),
+        versions_published=int(result["policy_version"]),
         max_staleness_trained=int(max((m.value for m in staleness), default=0)),
         rewards=rewards,
-        heldout=dict(heldout),
-        run_id=result.run_id,
+        heldout=dict(loop.heldout),
+        run_id=run_id,
         table_uri=table,
         tracking_uri=settings.tracking_uri,
         seconds=round(time.monotonic() - started, 1),
-        logs={name: str(children.logs / f"loop-{name}.log") for name in children.running},
+        restarts=dict(loop.children.restarts),
+        learner_resumed_from=int(result.get("resumed_from", 0)),
+        logs={name: str(loop.children.logs / f"loop-{name}.log") for name in loop.children.argv},
     )

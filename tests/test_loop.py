@@ -7,18 +7,20 @@ submitted task ended as one complete group (or a task dead letter); versions adv
 row was staler than `max_lag`; the held-out evaluation ran at every version; and the training
 reward rose beyond noise, on per-group means (a group's samples are correlated): version 0 against
 the last two versions, at least 64 groups each, by more than 3 standard errors and 0.15, from an
-untrained rate of at least 0.1.
+untrained rate of at least 0.1. The held-out prompts (never trained on) are scored at every
+version, and every published version is an MLflow model version of the learner's run.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import mlflow
 import polars as pl
 import pytest
 
-from infra.loop import LoopOptions, run_loop
+from infra.loop import MODEL_NAME, LoopOptions, run_loop
 from infra.settings import Settings
 
 pytestmark = pytest.mark.timeout(480)
@@ -58,5 +60,21 @@ def test_the_loop_raises_the_reward_and_accounts_for_every_task(bootstrap_server
     gain = now - base
     assert gain > 3 * math.sqrt(se1**2 + se2**2) and gain > 0.15, (base, se1, now, se2)
 
-    heldout = mlflow.MlflowClient(summary.tracking_uri).get_metric_history(summary.run_id, "heldout/reward")
-    assert {int(m.step) for m in heldout} >= set(range(1, OPTIONS.versions + 1))
+    client = mlflow.MlflowClient(summary.tracking_uri)
+    heldout = client.get_metric_history(summary.run_id, "heldout/reward")
+    assert {int(m.step) for m in heldout} >= set(range(OPTIONS.versions + 1))
+
+    # Every published version is a model version of the learner's run, with its table version.
+    policies = pl.read_delta(f"{Path(summary.table_uri).parent}/policies")
+    registered = {
+        int(mv.tags["rollstream.policy_version"]): mv
+        for mv in client.search_model_versions(f"name = '{MODEL_NAME}'")
+        if mv.run_id == summary.run_id
+    }
+    assert set(registered) == set(policies["number"].to_list()), sorted(registered)
+    for record in policies.iter_rows(named=True):
+        model_version = registered[record["number"]]
+        assert model_version.source.startswith(f"runs:/{summary.run_id}/")
+        assert model_version.tags["rollstream.sha256"] == record["sha256"]
+        if record["table_version"] is not None:
+            assert model_version.tags["rollstream.table_version"] == str(record["table_version"])

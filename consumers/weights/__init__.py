@@ -6,7 +6,12 @@ sha256 before loading (`load_weights`). A version may also become an MLflow mode
 """
 
 from consumers.weights.publish import publish_version
-from consumers.weights.registry import DEFAULT_MODEL_NAME, MlflowRegistration, register_version
+from consumers.weights.registry import (
+    DEFAULT_MODEL_NAME,
+    MlflowRegistration,
+    register_published,
+    register_version,
+)
 from consumers.weights.store import (
     POLICIES_TABLE,
     TXN_APP_ID,
@@ -32,5 +37,6 @@ __all__ = [
     "load_weights",
     "publish_version",
     "reannounce_latest",
+    "register_published",
     "register_version",
 ]

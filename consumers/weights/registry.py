@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from consumers.exceptions import RegistrationError
+from consumers.exceptions import ChecksumError, RegistrationError
 from consumers.tracking import TABLE_VERSION_TAG, check_tracking_uri
 from consumers.weights.store import POLICIES_TABLE, POLICY_VERSION_TAG, SHA256_TAG
 from schemas.policy_version import PolicyVersion
@@ -29,7 +32,8 @@ class MlflowRegistration:
 def register_version(record: PolicyVersion, weights_file: Path, registry: MlflowRegistration) -> str:
     """Log `weights_file` to the record's run and make it a model version; returns the version.
 
-    Idempotent: a model version tagged with the same number and sha256 is returned as it is.
+    Idempotent: a model version of the same run tagged with the same number and sha256 is
+    returned as it is (another run's identical weights, e.g. the same seed's version 0, get their own).
 
     Raises:
         RegistrationError: the record has no run id, or MLflow refused a request.
@@ -48,7 +52,7 @@ def register_version(record: PolicyVersion, weights_file: Path, registry: Mlflow
     try:
         query = f"name = '{name}' and tag.`{POLICY_VERSION_TAG}` = '{record.number}'"
         for found in client.search_model_versions(query):
-            if found.tags.get(SHA256_TAG) == record.sha256:
+            if found.tags.get(SHA256_TAG) == record.sha256 and found.run_id == record.run_id:
                 return str(found.version)
         artifact_path = f"{POLICIES_TABLE}/v{record.number}"
         client.log_artifact(record.run_id, str(weights_file), artifact_path=artifact_path)
@@ -79,3 +83,34 @@ def register_version(record: PolicyVersion, weights_file: Path, registry: Mlflow
             f"MLflow model {name!r} failed: {exc}; republish the same weights with the registry to retry"
         ) from exc
     return str(created.version)
+
+
+def register_published(
+    record: PolicyVersion,
+    registry: MlflowRegistration,
+    *,
+    run_id: str,
+    storage_options: Mapping[str, str] | None = None,
+) -> str:
+    """Register a version that is already published (its file read back from the lake, sha256
+    checked), as a model version of `run_id`: a version published before the learner's run
+    existed (the initial weights), or one whose registration a crash cut off. Idempotent.
+
+    Raises:
+        ChecksumError: the lake's file differs from the record.
+        RegistrationError: MLflow refused a request.
+    """
+    from consumers.weights.store import WeightsStore
+
+    owned = record if record.run_id is not None else replace(record, run_id=run_id)
+    directory, _, name = record.path.rpartition("/")
+    data = WeightsStore(directory, dict(storage_options) if storage_options else None).read(name)
+    if hashlib.sha256(data).hexdigest() != record.sha256:
+        raise ChecksumError(
+            f"policy version {record.number}: {record.path} does not match its sha256 {record.sha256}; "
+            "it is not registered: republish the version"
+        )
+    with tempfile.TemporaryDirectory(prefix="rollstream-register-") as staging:
+        local = Path(staging) / name
+        local.write_bytes(data)
+        return register_version(owned, local, registry)
