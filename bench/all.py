@@ -5,7 +5,7 @@ time limit); its last stdout line is its JSON. A bench that fails, times out or 
 recorded with its error and the rest still run. The page holds one table (each figure, its
 baseline, rounds, spread), the commit and the machine; the JSON holds every bench's full output.
 
-Benches that need a broker (process, scale, lanes) use ROLLSTREAM_BOOTSTRAP_SERVERS, or this
+Benches that need a broker (process, scale, lanes) use ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or this
 script starts one on free loopback ports for the whole run (bench/local_broker.py). The default
 sizes are chosen so the whole run takes about 30 minutes on a 2-core machine; `--quick` is a
 check that every bench runs (about 10 minutes), `--args NAME="..."` replaces one bench's arguments.
@@ -233,7 +233,7 @@ def main() -> None:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "ROLLSTREAM_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         }
         for bench in chosen:
             arguments = overrides.get(bench.name, list(bench.quick if args.quick else bench.default))

@@ -7,7 +7,7 @@ delivery report (acks=all). Rounds alternate the lanes (bench/rounds.py); ratio 
 throughput-lane MB/s / latency-lane MB/s, flat out (`ours_*` is the throughput lane, `baseline_*`
 the latency lane); the paced latencies are `*_paced_p50_latency_ms` and `*_paced_p99_latency_ms`.
 
-Starts its own broker on free loopback ports unless ROLLSTREAM_BOOTSTRAP_SERVERS names one.
+Starts its own broker on free loopback ports unless ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS names one.
 
     python bench/lanes.py [--json] [--rate 500] [--seconds 5] [--flat-out 20000] [--rounds 3]
 """

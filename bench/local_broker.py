@@ -1,4 +1,4 @@
-"""The broker a bench measures against: ROLLSTREAM_BOOTSTRAP_SERVERS' one, or its own on loopback."""
+"""The broker a bench measures against: ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS' one, or its own on loopback."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def broker(prefix: str) -> Iterator[Settings]:
-    """Settings on ROLLSTREAM_BOOTSTRAP_SERVERS' broker, or on our own on free loopback ports
+    """Settings on ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS' broker, or on our own on free loopback ports
     (state in a temporary directory named with `prefix`, stopped on the way out)."""
-    if os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS"):
+    if os.environ.get("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS"):
         yield Settings.load()
         return
     from infra import services

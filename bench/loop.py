@@ -17,7 +17,7 @@ for rows; plus the baseline's `sync_wait_s`) over the window; `generator_idle_ra
 the window with no task in flight at the worker (task outcome log, started -> done). CPU seconds
 per token: this process and its children (server, processor), start-up included.
 
-Needs a broker: ROLLSTREAM_BOOTSTRAP_SERVERS, or one on free loopback ports started here.
+Needs a broker: ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or one on free loopback ports started here.
 
     python bench/loop.py [--json] [--rounds 3] [--versions 4] [--max-lag 2] [--wave 64] [--concurrency 8]
 """

@@ -25,7 +25,7 @@ p99_latency_s: groups published at half ours' median rate to an idle worker; per
 publish of its last sample to its rows visible. peak_rss_mb: the worker's peak resident memory
 (children included) over a backlog of `--backlog` messages.
 
-Needs a broker: `rollstream up` (or set ROLLSTREAM_BOOTSTRAP_SERVERS).
+Needs a broker: `rollstream up` (or set ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS).
 
     python bench/process.py [--trajectories 30000] [--rounds 3] [--backlog 50000] [--json]
 """
@@ -93,7 +93,7 @@ def _worker(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "ROLLSTREAM_BOOTSTRAP_SERVERS": servers,
+        "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": servers,
         "ROLLSTREAM_STATE_DIR": str(state),
         "ROLLSTREAM_LAKE_DIR": str(lake),
         "ROLLSTREAM_RAW_TOPIC": topics[0],
@@ -432,7 +432,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+        "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

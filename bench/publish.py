@@ -19,7 +19,7 @@ acknowledgement (start-up, producer creation and reading the input excluded on e
 Sides alternate over `--rounds` (bench/rounds.py); per size, ratio = our MB/s / java's MB/s, the
 median over rounds. The top-level `ratio` is the 8 KB one.
 
-Starts its own broker on free loopback ports unless ROLLSTREAM_BOOTSTRAP_SERVERS names one.
+Starts its own broker on free loopback ports unless ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS names one.
 
     python bench/publish.py [--json] [--mb 100] [--rounds 3] [--sizes 1024,8192,262144]
 """
@@ -71,8 +71,8 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def broker() -> Iterator[str]:
-    """A broker to measure against: ROLLSTREAM_BOOTSTRAP_SERVERS, or our own on free ports."""
-    given = os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS")
+    """A broker to measure against: ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or our own on free ports."""
+    given = os.environ.get("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS")
     if given:
         yield given
         return

@@ -20,7 +20,7 @@ plus `rollstream process`; the server's own beside it. `pipeline_slot_<phase>_sh
 slots' share of the window in generate, publish (to Kafka's acknowledgement), settle and take;
 `pipeline_<phase>_s_per_task` the same in seconds per task.
 
-Needs a broker: ROLLSTREAM_BOOTSTRAP_SERVERS, or one on free loopback ports started here.
+Needs a broker: ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or one on free loopback ports started here.
 
     python bench/rollout.py [--json] [--rounds 3] [--tasks 96] [--group-size 8] [--max-tokens 16]
 """

@@ -13,7 +13,7 @@ process over wall seconds x cores), and the workers' (`*_worker_cpu_share`): on 
 ratio near 1 says "out of cores", not "does not scale".
 
 Needs a broker (`rollstream up`, or `rollstream up --brokers 3` with every address in
-ROLLSTREAM_BOOTSTRAP_SERVERS).
+ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS).
 
     python bench/scale.py [--trajectories 10000] [--rounds 3] [--json]
 """
@@ -108,7 +108,7 @@ def _run(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "ROLLSTREAM_BOOTSTRAP_SERVERS": servers,
+        "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": servers,
         "ROLLSTREAM_STATE_DIR": str(state),
         "ROLLSTREAM_LAKE_DIR": str(lake),
         "ROLLSTREAM_RAW_TOPIC": topics[0],
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument(
-        "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+        "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     args = parser.parse_args()

@@ -224,9 +224,9 @@ def start_broker(
                 if node == 0
                 else f"--kafka-port (node {node + 1} uses kafka_port + {2 * node})"
             )
-            require_free_port(settings.kafka_host, port, flag=flag, env="ROLLSTREAM_KAFKA_PORT")
+            require_free_port(settings.kafka_host, port, flag=flag, env="ROLLSTREAM_KAFKA__PORT")
             require_free_port(
-                settings.kafka_host, controller, flag="--controller-port", env="ROLLSTREAM_CONTROLLER_PORT"
+                settings.kafka_host, controller, flag="--controller-port", env="ROLLSTREAM_KAFKA__CONTROLLER_PORT"
             )
             paths.logs.mkdir(parents=True, exist_ok=True)
             paths.properties.write_text(render_properties(settings, specs, node))

@@ -14,9 +14,9 @@ mypy
 # The suite gets its own broker on its own ports, so a developer's `rollstream up` is untouched.
 state="$(mktemp -d "${TMPDIR:-/tmp}/rollstream-test.XXXXXX")"
 export ROLLSTREAM_STATE_DIR="$state"
-export ROLLSTREAM_KAFKA_PORT="${ROLLSTREAM_TEST_KAFKA_PORT:-39092}"
-export ROLLSTREAM_CONTROLLER_PORT="${ROLLSTREAM_TEST_CONTROLLER_PORT:-39093}"
-export ROLLSTREAM_BOOTSTRAP_SERVERS="127.0.0.1:$ROLLSTREAM_KAFKA_PORT"
+export ROLLSTREAM_KAFKA__PORT="${ROLLSTREAM_TEST_KAFKA_PORT:-39092}"
+export ROLLSTREAM_KAFKA__CONTROLLER_PORT="${ROLLSTREAM_TEST_CONTROLLER_PORT:-39093}"
+export ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS="127.0.0.1:$ROLLSTREAM_KAFKA__PORT"
 cleanup() {
   rollstream down || true
   rm -rf "$state"

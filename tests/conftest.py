@@ -1,6 +1,6 @@
 """Shared fixtures: every test runs against the real broker that `rollstream up` started.
 
-The broker address comes from ROLLSTREAM_BOOTSTRAP_SERVERS (default 127.0.0.1:9092). A missing
+The broker address comes from ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS (default 127.0.0.1:9092). A missing
 broker is a test error, never a skip: `bash infra/run.sh test` starts one.
 """
 
@@ -18,14 +18,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 @pytest.fixture(scope="session")
 def bootstrap_servers() -> str:
-    servers = os.environ.get("ROLLSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    servers = os.environ.get("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     host, _, port = servers.split(",")[0].rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
         raise RuntimeError(
             f"no Kafka broker at {servers}: run the tests with `bash infra/run.sh test`, "
-            "or start one with `rollstream up` and export ROLLSTREAM_BOOTSTRAP_SERVERS"
+            "or start one with `rollstream up` and export ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS"
         ) from exc
     return servers
 

@@ -119,7 +119,7 @@ class RolloutEnv:
         return {
             **os.environ,
             "PYTHONPATH": PYTHONPATH,
-            "ROLLSTREAM_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "ROLLSTREAM_STATE_DIR": str(state_dir),
             "ROLLSTREAM_TASKS_TOPIC": self.prefix,
             "ROLLSTREAM_TASK_DLQ_TOPIC": self.topics.dead_letters,

@@ -94,7 +94,7 @@ def start_worker(
     variables = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "ROLLSTREAM_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
         "ROLLSTREAM_STATE_DIR": str(log.parent),
         "ROLLSTREAM_LAKE_DIR": str(lake),
         "ROLLSTREAM_RAW_TOPIC": raw,

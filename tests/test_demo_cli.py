@@ -22,7 +22,7 @@ def test_demo_accounts_for_every_trajectory(tmp_path: Path, bootstrap_servers: s
         **os.environ,
         "ROLLSTREAM_LAKE_DIR": str(tmp_path / "lake"),
         "ROLLSTREAM_TRACKING_URI": tracking_uri,
-        "ROLLSTREAM_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
     }
     # The demo's processor writes its log under the state dir; give it one when run by hand.
     env.setdefault("ROLLSTREAM_STATE_DIR", str(tmp_path / "state"))

@@ -457,7 +457,7 @@ def test_cli_submits_jsonl_and_parquet_and_reports_status(
     from infra.cli import main
 
     for name, value in {
-        "ROLLSTREAM_BOOTSTRAP_SERVERS": env.bootstrap_servers,
+        "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": env.bootstrap_servers,
         "ROLLSTREAM_TASKS_TOPIC": env.prefix,
         "ROLLSTREAM_TASK_DLQ_TOPIC": env.topics.dead_letters,
         "ROLLSTREAM_TASK_OUTCOMES_TOPIC": env.topics.outcomes,

@@ -150,7 +150,7 @@ def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "ROLLSTREAM_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
         "ROLLSTREAM_STATE_DIR": str(logs),
         "ROLLSTREAM_LAKE_DIR": str(lake),
         "ROLLSTREAM_RAW_TOPIC": raw,
