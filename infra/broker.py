@@ -226,7 +226,10 @@ def start_broker(
             )
             require_free_port(settings.kafka_host, port, flag=flag, env="ROLLSTREAM_KAFKA__PORT")
             require_free_port(
-                settings.kafka_host, controller, flag="--controller-port", env="ROLLSTREAM_KAFKA__CONTROLLER_PORT"
+                settings.kafka_host,
+                controller,
+                flag="--controller-port",
+                env="ROLLSTREAM_KAFKA__CONTROLLER_PORT",
             )
             paths.logs.mkdir(parents=True, exist_ok=True)
             paths.properties.write_text(render_properties(settings, specs, node))
