@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from schemas.exceptions import (
     DecodeError,
@@ -13,6 +12,7 @@ from schemas.exceptions import (
     SchemaError,
     UnknownSchemaError,
 )
+from schemas.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from schemas.codec import TRAJECTORY_SCHEMA_PATH, TrajectoryCodec, fingerprint_of, load_schema
@@ -43,11 +43,7 @@ _LAZY = {
 """Names imported on first use, so that importing the errors does not load numpy and pyarrow."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'schemas' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

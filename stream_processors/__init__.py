@@ -6,8 +6,9 @@ verifier pool's spawned process, does not pay for Faust, the sink and their impo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from schemas.lazy import lazy_exports
 
 _WHERE = {
     "DEAD_LETTERS_SCHEMA": "schemas.tables",
@@ -64,17 +65,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stream_processors' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
 
 
 if TYPE_CHECKING:

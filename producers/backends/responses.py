@@ -7,6 +7,7 @@ Three dialects: OpenAI completions (vLLM, `rollstream serve`), vLLM's tokens-in/
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +27,24 @@ class Choice:
     logprob_mode: str | None = None
 
 
-def completion_choices(body: Any, *, where: str) -> list[Choice]:
-    """The choices of an OpenAI-style `/v1/completions` answer, in index order."""
+def _each_choice(body: Any, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each choice of an answer's `choices` list, in index order, with where it stands."""
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         raise BadResponseError(f"{where}: the answer has no 'choices' list: {_preview(body)}")
     raw = body["choices"]
     if all(isinstance(c, dict) and isinstance(c.get("index"), int) for c in raw):
         raw = sorted(raw, key=lambda c: c["index"])
-    choices = []
     for i, choice in enumerate(raw):
         at = f"{where}: choice {i}"
         if not isinstance(choice, dict):
             raise BadResponseError(f"{at} is not an object: {_preview(choice)}")
+        yield at, choice
+
+
+def completion_choices(body: Any, *, where: str) -> list[Choice]:
+    """The choices of an OpenAI-style `/v1/completions` answer, in index order."""
+    choices = []
+    for at, choice in _each_choice(body, where):
         logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict) or "token_logprobs" not in logprobs:
             raise BadResponseError(
@@ -64,16 +71,8 @@ def generate_choices(body: Any, *, where: str) -> list[Choice]:
     and `finish_reason`; `weight_versions` ([[start, end, version], ...]) when the server states
     which weights made which token range.
     """
-    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
-        raise BadResponseError(f"{where}: the answer has no 'choices' list: {_preview(body)}")
-    raw = body["choices"]
-    if all(isinstance(c, dict) and isinstance(c.get("index"), int) for c in raw):
-        raw = sorted(raw, key=lambda c: c["index"])
     choices = []
-    for i, choice in enumerate(raw):
-        at = f"{where}: choice {i}"
-        if not isinstance(choice, dict):
-            raise BadResponseError(f"{at} is not an object: {_preview(choice)}")
+    for at, choice in _each_choice(body, where):
         logprobs = choice.get("logprobs")
         content = logprobs.get("content") if isinstance(logprobs, dict) else None
         if not isinstance(content, list) or any(
