@@ -205,6 +205,8 @@ class LoopView:
         submitted: tasks submitted so far.
         settled: of those, tasks that ended (see `LoopSummary`; the workers' counts when every
             worker runs on a thread).
+        held: the task ids each rollout child (rollout-<i>) holds a lease on now, from the task
+            outcome log (started, and not yet done, released, requeued or dead).
     """
 
     version: int
@@ -212,6 +214,7 @@ class LoopView:
     restarts: dict[str, int]
     submitted: int
     settled: int
+    held: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 Tick = Callable[[LoopView], None]
@@ -585,6 +588,7 @@ class _Loop:
             self.learner = _ThreadLearner(settings, options, tokenizer.vocab_size, self.gate)
         self.submitted = 0
         self.on_tick: Tick | None = None
+        self.holdings: _Holdings | None = None
 
     def drive(self, started: float, on_tick: Tick | None) -> LoopSummary:
         self.on_tick = on_tick
@@ -609,6 +613,8 @@ class _Loop:
             if result is None and isinstance(self.learner, _ThreadLearner):
                 self.learner.stop.set()
             self.ledger.close()
+            if self.holdings is not None:
+                self.holdings.close()
 
     def _tick(self) -> int:
         """Check every piece, start the learner once it can, score new versions; the newest version."""
@@ -620,10 +626,20 @@ class _Loop:
         version = -1 if latest is None else latest.number
         if self.on_tick is not None:
             view = LoopView(
-                version, self.children.pids(), dict(self.children.restarts), self.submitted, self._settled()
+                version,
+                self.children.pids(),
+                dict(self.children.restarts),
+                self.submitted,
+                self._settled(),
+                self._holdings().held() if self.options.rollout_processes else {},
             )
             self.on_tick(view)
         return version
+
+    def _holdings(self) -> _Holdings:
+        if self.holdings is None:
+            self.holdings = _Holdings(self.settings)
+        return self.holdings
 
     def _settled(self) -> int:
         if self.options.learner_process or self.options.rollout_processes:
@@ -815,6 +831,48 @@ class _Ledger:
 
     def missing(self) -> list[str]:
         return [task for task in self.submitted if task not in self.complete and task not in self.dead]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class _Holdings:
+    """The leases rollout children hold now, read from the task outcome log as it grows."""
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self._consumer = Consumer(
+            {
+                **dict(settings.kafka_client),
+                "bootstrap.servers": settings.bootstrap_servers,
+                "group.id": f"rollstream-loop-holdings-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+            }
+        )
+        topic = settings.task_outcomes_topic
+        partitions = self._consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        self._leases: dict[tuple[str, int, int], tuple[str, str]] = {}  # coordinates -> (worker, task)
+
+    def held(self) -> dict[str, frozenset[str]]:
+        """Task ids by rollout child name (``rollout-<i>``, whose worker id is ``loop-rollout-p<i>``)."""
+        from producers.tasks import Outcome
+
+        for message in self._consumer.consume(10_000, timeout=0.05):
+            value = message.value()
+            if message.error() is not None or value is None:
+                continue
+            outcome = Outcome.decode(value)
+            if outcome.event == "started":
+                self._leases[outcome.coordinates] = (outcome.worker_id, outcome.task_id)
+            else:
+                self._leases.pop(outcome.coordinates, None)
+        by_child: dict[str, set[str]] = {}
+        for worker, task in self._leases.values():
+            if worker.startswith("loop-rollout-p"):
+                by_child.setdefault(f"rollout-{worker.removeprefix('loop-rollout-p')}", set()).add(task)
+        return {name: frozenset(tasks) for name, tasks in by_child.items()}
 
     def close(self) -> None:
         self._consumer.close()

@@ -3,7 +3,7 @@
 `run_loop` runs the learner as `rollstream learn --follow --checkpoint ...` and two of the six
 rollout workers as `rollstream rollout` child processes (`LoopOptions.learner_process`,
 `rollout_processes`) and restarts a child that a signal ended. The test kills rollout worker 0
-once version 1 is out with tasks in flight and the learner once version 3 is out, then asserts: each was restarted
+once version 1 is out and the task outcome log shows it holding a lease and the learner once version 3 is out, then asserts: each was restarted
 once; every submitted task ended as a complete group or a task dead letter; the policies table
 holds each number once, 0..N without a gap, each file matching its sha256, the steps increasing
 (a learner that restarted from scratch would publish at step `publish_every` again); the learner
@@ -42,15 +42,16 @@ OPTIONS = LoopOptions(
 
 
 class Killer:
-    """SIGKILLs rollout-0 once version 1 is published and 16 tasks are in flight, then the learner once rollout-0 was
-    restarted and a version later (at version 3 or after)."""
+    """SIGKILLs rollout-0 once version 1 is published and the outcome log shows it holding a task,
+    then the learner once rollout-0 was restarted and a version later (at version 3 or after)."""
 
     def __init__(self) -> None:
         self.killed: dict[str, tuple[int, int]] = {}  # name -> (pid, version when killed)
+        self.held: frozenset[str] = frozenset()  # the tasks rollout-0 held when killed
 
     def __call__(self, view: LoopView) -> None:
-        in_flight = view.submitted - view.settled  # a wave out: every worker likely holds a task
-        if "rollout-0" not in self.killed and view.version >= 1 and in_flight >= 16:
+        if "rollout-0" not in self.killed and view.version >= 1 and view.held.get("rollout-0"):
+            self.held = view.held["rollout-0"]
             self._kill("rollout-0", view)
         elif "rollout-0" in self.killed and "learner" not in self.killed and self._learner_due(view):
             self._kill("learner", view)
@@ -101,6 +102,13 @@ def test_the_loop_survives_a_sigkilled_rollout_worker_and_learner(bootstrap_serv
     assert set(versions["policy_version"].unique().to_list()) <= set(numbers)
     groups = pl.read_delta(summary.table_uri, columns=["group_id", "group_status", "attempt", "task_id"])
     print(groups.filter(pl.col("task_id").is_not_null()).group_by("group_status", "attempt").agg(pl.len()))
+    # The killed worker's leases came back when their locks ran out and ended as complete groups:
+    # nothing it held was lost.
+    assert killer.held, "rollout-0 held no task when it was killed"
+    complete = set(groups.filter(pl.col("group_status") == "complete")["task_id"].to_list())
+    print(f"rollout-0 held {sorted(killer.held)}; their groups:")
+    print(groups.filter(pl.col("task_id").is_in(list(killer.held))))
+    assert killer.held <= complete, killer.held - complete
 
     client = mlflow.MlflowClient(summary.tracking_uri)
     registered = {
