@@ -95,10 +95,10 @@ def _worker(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": servers,
         "ROLLSTREAM_STATE_DIR": str(state),
-        "ROLLSTREAM_LAKE_DIR": str(lake),
-        "ROLLSTREAM_RAW_TOPIC": topics[0],
-        "ROLLSTREAM_ULTRA_TOPIC": topics[1],
-        "ROLLSTREAM_DLQ_TOPIC": topics[2],
+        "ROLLSTREAM_LAKE_URI": str(lake),
+        "ROLLSTREAM_KAFKA__RAW_TOPIC": topics[0],
+        "ROLLSTREAM_KAFKA__ULTRA_TOPIC": topics[1],
+        "ROLLSTREAM_KAFKA__DLQ_TOPIC": topics[2],
     }
     state.mkdir(parents=True, exist_ok=True)
     log = (state / f"worker-{tag}.log").open("w")

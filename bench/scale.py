@@ -110,9 +110,9 @@ def _run(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": servers,
         "ROLLSTREAM_STATE_DIR": str(state),
-        "ROLLSTREAM_LAKE_DIR": str(lake),
-        "ROLLSTREAM_RAW_TOPIC": topics[0],
-        "ROLLSTREAM_DLQ_TOPIC": topics[1],
+        "ROLLSTREAM_LAKE_URI": str(lake),
+        "ROLLSTREAM_KAFKA__RAW_TOPIC": topics[0],
+        "ROLLSTREAM_KAFKA__DLQ_TOPIC": topics[1],
     }
     args = [sys.executable, "-m", "infra.cli", "process", "--app-id", f"scale-{tag}", "--no-ultra"]
     args += ["--workers", str(workers), "--loglevel", os.environ.get("BENCH_LOGLEVEL", "warning")]

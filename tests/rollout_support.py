@@ -121,14 +121,14 @@ class RolloutEnv:
             "PYTHONPATH": PYTHONPATH,
             "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "ROLLSTREAM_STATE_DIR": str(state_dir),
-            "ROLLSTREAM_TASKS_TOPIC": self.prefix,
-            "ROLLSTREAM_TASK_DLQ_TOPIC": self.topics.dead_letters,
-            "ROLLSTREAM_TASK_OUTCOMES_TOPIC": self.topics.outcomes,
-            "ROLLSTREAM_TASK_GROUP": self.group,
-            "ROLLSTREAM_TASK_DEADLINE_MS": str(DEADLINE_MS),
-            "ROLLSTREAM_RAW_TOPIC": self.raw,
-            "ROLLSTREAM_ULTRA_TOPIC": self.ultra,
-            "ROLLSTREAM_DLQ_TOPIC": self.dlq,
+            "ROLLSTREAM_ROLLOUT__TASKS_TOPIC": self.prefix,
+            "ROLLSTREAM_ROLLOUT__TASK_DLQ_TOPIC": self.topics.dead_letters,
+            "ROLLSTREAM_ROLLOUT__TASK_OUTCOMES_TOPIC": self.topics.outcomes,
+            "ROLLSTREAM_ROLLOUT__TASK_GROUP": self.group,
+            "ROLLSTREAM_ROLLOUT__TASK_DEADLINE_MS": str(DEADLINE_MS),
+            "ROLLSTREAM_KAFKA__RAW_TOPIC": self.raw,
+            "ROLLSTREAM_KAFKA__ULTRA_TOPIC": self.ultra,
+            "ROLLSTREAM_KAFKA__DLQ_TOPIC": self.dlq,
         }
 
     def samples(self, expected: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:

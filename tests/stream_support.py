@@ -96,10 +96,10 @@ def start_worker(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
         "ROLLSTREAM_STATE_DIR": str(log.parent),
-        "ROLLSTREAM_LAKE_DIR": str(lake),
-        "ROLLSTREAM_RAW_TOPIC": raw,
-        "ROLLSTREAM_DLQ_TOPIC": dlq,
-        **({"ROLLSTREAM_ULTRA_TOPIC": ultra} if ultra is not None else {}),
+        "ROLLSTREAM_LAKE_URI": str(lake),
+        "ROLLSTREAM_KAFKA__RAW_TOPIC": raw,
+        "ROLLSTREAM_KAFKA__DLQ_TOPIC": dlq,
+        **({"ROLLSTREAM_KAFKA__ULTRA_TOPIC": ultra} if ultra is not None else {}),
         **(env or {}),
     }
     return subprocess.Popen(

@@ -285,7 +285,7 @@ def test_cli_learn_follow_keeps_training_as_the_table_grows_until_sigterm(tmp_pa
     env = {
         **os.environ,
         "ROLLSTREAM_STATE_DIR": str(tmp_path / "state"),
-        "ROLLSTREAM_LAKE_DIR": str(lake_dir),
+        "ROLLSTREAM_LAKE_URI": str(lake_dir),
         "ROLLSTREAM_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }

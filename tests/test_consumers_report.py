@@ -102,7 +102,7 @@ def test_report_without_a_table_is_one_clear_error(tmp_path):
         [sys.executable, "-m", "infra.cli", "report", "--out", str(tmp_path / "o")],
         capture_output=True,
         text=True,
-        env={**os.environ, "ROLLSTREAM_LAKE_DIR": str(tmp_path / "empty")},
+        env={**os.environ, "ROLLSTREAM_LAKE_URI": str(tmp_path / "empty")},
         timeout=120,
     )
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr

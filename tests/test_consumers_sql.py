@@ -77,7 +77,7 @@ def test_bad_queries_are_one_clear_line(lake, sql, versions, message):
 
 
 def test_cli_sql_formats_and_errors(lake, tmp_path):
-    env_lake = {"ROLLSTREAM_LAKE_DIR": str(lake), "ROLLSTREAM_STATE_DIR": str(tmp_path / "state")}
+    env_lake = {"ROLLSTREAM_LAKE_URI": str(lake), "ROLLSTREAM_STATE_DIR": str(tmp_path / "state")}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         import os
@@ -172,7 +172,7 @@ def test_cli_answers_match_polars_directly(lake, tmp_path, version, fmt):
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "ROLLSTREAM_LAKE_DIR": str(lake)},
+        env={**os.environ, "ROLLSTREAM_LAKE_URI": str(lake)},
     )
     assert result.returncode == 0, result.stderr
     if fmt == "csv":

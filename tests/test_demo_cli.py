@@ -20,7 +20,7 @@ def test_demo_accounts_for_every_trajectory(tmp_path: Path, bootstrap_servers: s
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {
         **os.environ,
-        "ROLLSTREAM_LAKE_DIR": str(tmp_path / "lake"),
+        "ROLLSTREAM_LAKE_URI": str(tmp_path / "lake"),
         "ROLLSTREAM_TRACKING_URI": tracking_uri,
         "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
     }

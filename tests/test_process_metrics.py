@@ -71,7 +71,7 @@ def test_a_rollout_worker_counts_its_tasks_by_outcome_and_its_dead_letter_by_rea
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("ROLLSTREAM_TASK_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("ROLLSTREAM_ROLLOUT__TASK_MAX_ATTEMPTS", "2")
     env = RolloutEnv(admin, bootstrap_servers)
     try:
         good = [task_row(f"m-{i}", prompt_of(TEST, 10 + i)) for i in range(3)]

@@ -458,11 +458,11 @@ def test_cli_submits_jsonl_and_parquet_and_reports_status(
 
     for name, value in {
         "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": env.bootstrap_servers,
-        "ROLLSTREAM_TASKS_TOPIC": env.prefix,
-        "ROLLSTREAM_TASK_DLQ_TOPIC": env.topics.dead_letters,
-        "ROLLSTREAM_TASK_OUTCOMES_TOPIC": env.topics.outcomes,
-        "ROLLSTREAM_TASK_GROUP": env.group,
-        "ROLLSTREAM_TASK_DEADLINE_MS": str(DEADLINE_MS),
+        "ROLLSTREAM_ROLLOUT__TASKS_TOPIC": env.prefix,
+        "ROLLSTREAM_ROLLOUT__TASK_DLQ_TOPIC": env.topics.dead_letters,
+        "ROLLSTREAM_ROLLOUT__TASK_OUTCOMES_TOPIC": env.topics.outcomes,
+        "ROLLSTREAM_ROLLOUT__TASK_GROUP": env.group,
+        "ROLLSTREAM_ROLLOUT__TASK_DEADLINE_MS": str(DEADLINE_MS),
         "ROLLSTREAM_STATE_DIR": str(tmp_path / "state"),
     }.items():
         monkeypatch.setenv(name, value)

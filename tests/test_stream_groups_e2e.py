@@ -227,7 +227,7 @@ def test_a_recreated_topic_is_refused_until_reset(
         stage().load([(raw, 0)], topic_ids(bootstrap_servers, [raw]))
 
     monkeypatch.setenv("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS", bootstrap_servers)
-    monkeypatch.setenv("ROLLSTREAM_LAKE_DIR", str(lake))
+    monkeypatch.setenv("ROLLSTREAM_LAKE_URI", str(lake))
     monkeypatch.setenv("ROLLSTREAM_STATE_DIR", str(tmp_path))
     assert cli_main(["offsets", "reset", "--topic", raw, "--app-id", app_id]) == 0
     again = stage()

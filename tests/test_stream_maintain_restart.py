@@ -127,7 +127,7 @@ def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
     files_before = len(DeltaTable(str(traj)).file_uris())
 
     # 2. Upkeep through the command line: compact, checkpoint, vacuum (--yes).
-    monkeypatch.setenv("ROLLSTREAM_LAKE_DIR", str(lake))
+    monkeypatch.setenv("ROLLSTREAM_LAKE_URI", str(lake))
     monkeypatch.setenv("ROLLSTREAM_STATE_DIR", str(tmp_path / "state"))
     capsys.readouterr()
     assert main(["maintain", "--yes"]) == 0
@@ -152,9 +152,9 @@ def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
         "ROLLSTREAM_STATE_DIR": str(logs),
-        "ROLLSTREAM_LAKE_DIR": str(lake),
-        "ROLLSTREAM_RAW_TOPIC": raw,
-        "ROLLSTREAM_DLQ_TOPIC": dlq,
+        "ROLLSTREAM_LAKE_URI": str(lake),
+        "ROLLSTREAM_KAFKA__RAW_TOPIC": raw,
+        "ROLLSTREAM_KAFKA__DLQ_TOPIC": dlq,
         "COLUMNS": "120",
         "TERM": "xterm",
     }
