@@ -137,16 +137,19 @@ def _assert_size_limits(settings: Settings) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    ("port_name", "flag"), [("kafka_port", "--kafka-port"), ("controller_port", "--controller-port")]
+    ("port_name", "flag", "env"),
+    [
+        ("kafka_port", "--kafka-port", "ROLLSTREAM_KAFKA__PORT"),
+        ("controller_port", "--controller-port", "ROLLSTREAM_KAFKA__CONTROLLER_PORT"),
+    ],
 )
-def test_taken_port_is_refused_clearly(stack: Settings, port_name: str, flag: str) -> None:
+def test_taken_port_is_refused_clearly(stack: Settings, port_name: str, flag: str, env: str) -> None:
     port = getattr(stack, port_name)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
         with pytest.raises(PortInUseError) as caught:
             services.up(stack, progress=lambda _: None)
-    env = f"ROLLSTREAM_{port_name.upper()}"
     assert str(caught.value) == (
         f"port {port} on 127.0.0.1 is taken by another process; pick another with {flag} or {env}"
     )
