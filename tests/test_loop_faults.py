@@ -1,10 +1,11 @@
 """The closed loop with a rollout worker and the learner SIGKILLed once each, by PID, mid-loop.
 
-`run_loop` runs the learner as `rollstream learn --follow --checkpoint ...` and two of the six
+`run_loop` runs the learner as `rollstream learn --follow --checkpoint ...` and two of the three
 rollout workers as `rollstream rollout` child processes (`LoopOptions.learner_process`,
-`rollout_processes`) and restarts a child that a signal ended. The test kills rollout worker 0
-once version 1 is out and the task outcome log shows it holding a lease and the learner once version 3 is out, then asserts: each was restarted
-once; every submitted task ended as a complete group or a task dead letter; the policies table
+`rollout_processes`) and restarts a child that a signal ended. The test kills the learner once
+version 2 is out, and rollout worker 0 once version 1 is out and the task outcome log shows it
+holding a lease, then asserts: each was restarted once; the killed worker's tasks ended as
+complete groups; every submitted task ended as a complete group or a task dead letter; the policies table
 holds each number once, 0..N without a gap, each file matching its sha256, the steps increasing
 (a learner that restarted from scratch would publish at step `publish_every` again); the learner
 went on publishing after its restart, resumed from its checkpoint, in the same MLflow run; every
@@ -32,7 +33,7 @@ OPTIONS = LoopOptions(
     publish_every=4,
     wave=32,
     rows_per_step=128,
-    concurrency=6,
+    concurrency=3,
     rollout_processes=2,
     learner_process=True,
     task_lock_ms=10_000,
@@ -42,8 +43,8 @@ OPTIONS = LoopOptions(
 
 
 class Killer:
-    """SIGKILLs rollout-0 once version 1 is published and the outcome log shows it holding a task,
-    then the learner once rollout-0 was restarted and a version later (at version 3 or after)."""
+    """SIGKILLs the learner once version 2 is published, and rollout-0 once version 1 is published
+    and the task outcome log shows it holding a lease."""
 
     def __init__(self) -> None:
         self.killed: dict[str, tuple[int, int]] = {}  # name -> (pid, version when killed)
@@ -53,12 +54,8 @@ class Killer:
         if "rollout-0" not in self.killed and view.version >= 1 and view.held.get("rollout-0"):
             self.held = view.held["rollout-0"]
             self._kill("rollout-0", view)
-        elif "rollout-0" in self.killed and "learner" not in self.killed and self._learner_due(view):
+        if "learner" not in self.killed and view.version >= 2 and "learner" in view.pids:
             self._kill("learner", view)
-
-    def _learner_due(self, view: LoopView) -> bool:
-        restarted = view.restarts.get("rollout-0") == 1 and "learner" in view.pids
-        return restarted and view.version >= max(3, self.killed["rollout-0"][1] + 1)
 
     def _kill(self, name: str, view: LoopView) -> None:
         os.kill(view.pids[name], signal.SIGKILL)
