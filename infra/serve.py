@@ -48,22 +48,6 @@ class ServeError(InfraError):
     """`rollstream serve` cannot start: a policy, tokenizer or weights file that does not load."""
 
 
-class CompletionRequest(BaseModel):
-    """The fields of an OpenAI completions request this server honours; others are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    prompt: list[int] | str
-    n: int = 1
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    stop_token_ids: list[int] = []
-    model: str | None = None
-
-
 class GenerateSampling(BaseModel):
     """The sampling parameters of a `/inference/v1/generate` request this server honours."""
 
@@ -76,6 +60,14 @@ class GenerateSampling(BaseModel):
     top_k: int | None = None
     seed: int | None = None
     stop_token_ids: list[int] = []
+
+
+class CompletionRequest(GenerateSampling):
+    """The fields of an OpenAI completions request this server honours (the sampling parameters at
+    the top level, beside the prompt); others are ignored."""
+
+    prompt: list[int] | str
+    model: str | None = None
 
 
 class GenerateRequest(BaseModel):
