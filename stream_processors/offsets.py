@@ -52,7 +52,7 @@ def txn_app_id(app_id: str, topic: str, partition: int) -> str:
 
 
 def legacy_txn_app_id(app_id: str, topic: str, partition: int) -> str:
-    """The ambiguous txn app id of rollstream before issue 6 ("p-x","1" and "p","x-1" collide); read only."""
+    """The legacy ambiguous txn app id ("p-x","1" and "p","x-1" collide), still read from older tables; read only."""
     return f"{app_id}-{topic}-{partition}"
 
 
