@@ -20,6 +20,7 @@ from infra.broker import (
 )
 from infra.exceptions import BrokerError
 from infra.kafka_jars import ensure_jars
+from infra.metrics_endpoints import Scraped, scrape_all
 from infra.mlflow_server import mlflow_server_status, start_mlflow_server, stop_mlflow_server
 from infra.object_store import lake_settings_hint, object_store_status, start_object_store, stop_object_store
 from infra.processes import ProcessStatus, stderr_progress
@@ -44,6 +45,7 @@ class ServiceStatus:
         missing_topics: Declared topics the broker does not have.
         changes: What provisioning did, when this snapshot comes from ``up``.
         error: Why the topics could not be listed, when the broker runs but did not answer.
+        metrics: Each process registered as serving metrics, with the figures scraped from it.
     """
 
     state_dir: Path
@@ -57,6 +59,7 @@ class ServiceStatus:
     error: str | None = None
     nodes: tuple[ProcessStatus, ...] = ()
     object_store: ProcessStatus | None = None
+    metrics: tuple[Scraped, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -94,6 +97,7 @@ class ServiceStatus:
                 "pid": self.object_store.pid,
                 "url": self.object_store.url,
             },
+            "metrics": [scraped.as_dict() for scraped in self.metrics],
             "error": self.error,
         }
 
@@ -114,6 +118,13 @@ class ServiceStatus:
             for node in self.nodes:
                 state = f"running (pid {node.pid})" if node.running else "DOWN"
                 lines.append(f"  {node.name}: {state} at {node.url}")
+        serving = len(self.metrics)
+        lines.append(
+            f"metrics:       {serving} {'process' if serving == 1 else 'processes'} serving /metrics"
+            if serving
+            else "metrics:       no process serving /metrics registered"
+        )
+        lines += [f"  {scraped.describe()}" for scraped in self.metrics]
         if self.missing_topics:
             lines.append(f"missing:       {', '.join(self.missing_topics)} (run `rollstream up`)")
         if self.error:
@@ -204,7 +215,8 @@ def down(settings: Settings, *, progress: Callable[[str], None] = stderr_progres
 
 
 def status(settings: Settings) -> ServiceStatus:
-    """What runs for ``settings`` and which topics the broker has; never starts or stops anything."""
+    """What runs for ``settings``, which topics the broker has and what each process serving metrics
+    reports; never starts or stops anything (it removes the metrics registrations of processes gone)."""
     settings = running_layout(settings)
     kafka = broker_status(settings)
     topics: tuple[str, ...] = ()
@@ -229,4 +241,5 @@ def status(settings: Settings) -> ServiceStatus:
         error=error,
         nodes=tuple(broker_statuses(settings)),
         object_store=object_store_status(settings),
+        metrics=tuple(scrape_all(settings.state_dir)),
     )

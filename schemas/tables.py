@@ -95,10 +95,14 @@ EXECUTIONS_SCHEMA = pa.schema(
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
+        ("start_s", pa.float64()),
     ]
 )
 """executions: one audit row per sandbox execution (`verdict` is the trajectory's verifier status,
-`outcome` how the sandboxed process ended); exactly once per Kafka offset like the rows."""
+`outcome` how the sandboxed process ended, `start_s` the seconds the sandbox took to start, part
+of `wall_s`); exactly once per Kafka offset like the rows. `start_s` comes after the coordinates
+because a table written before it gains it at its end (Delta schema evolution, offsets.py), null
+in the older rows."""
 
 RESCORES_SCHEMA = pa.schema(
     [

@@ -59,6 +59,7 @@ def executions_table(
         "topic": [c.topic for c in coordinates],
         "partition": [c.partition for c in coordinates],
         "offset": [c.offset for c in coordinates],
+        "start_s": [e.start_s for e in ex],
     }
     return pa.Table.from_pydict(columns, schema=EXECUTIONS_SCHEMA)
 

@@ -42,6 +42,12 @@ class WorkerMetrics(StageObserver):
         self.sandbox_run_seconds = histogram(
             r, SUBSYSTEM, "sandbox_run_seconds", "Wall time of a sandbox run"
         )
+        self.sandbox_start_seconds = histogram(
+            r,
+            SUBSYSTEM,
+            "sandbox_start_seconds",
+            "Time from asking the launcher for a sandbox run until bwrap starts its command",
+        )
         self.commit_seconds = histogram(
             r, SUBSYSTEM, "commit_seconds", "Time of a trajectories commit, its retries included"
         )
@@ -63,6 +69,7 @@ class WorkerMetrics(StageObserver):
         for record in batch.executions:
             self.sandbox_runs.labels(record.execution.outcome).inc()
             self.sandbox_run_seconds.observe(record.execution.wall_s)
+            self.sandbox_start_seconds.observe(record.execution.start_s)
 
     def stored_rows(self, rows: int) -> None:
         """Rows a sink step stored."""

@@ -194,6 +194,7 @@ class Served:
     url: str
     log: Path
     process: subprocess.Popen[str]
+    state_dir: Path | None = None
 
     def requests(self) -> dict[tuple[int, ...], list[list[dict[str, Any]]]]:
         """The logged answers by prompt: each request's samples in index order."""
@@ -213,10 +214,11 @@ def start_server(tmp: Path) -> Served:
     command = [sys.executable, "-m", "infra.cli", "serve", "--policy", "backend_support:causal_policy"]
     command += ["--vocab-size", str(VOCAB), "--port", "0", "--tokenizer", "backend_support:CharTokenizer"]
     command += ["--response-log", str(log)]
+    state_dir = tmp / "state"  # its own: where it registers its /metrics
     process = subprocess.Popen(
         command,
         cwd=tmp,
-        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "ROLLSTREAM_STATE_DIR": str(state_dir)},
         stdout=subprocess.PIPE,
         stderr=(tmp / "serve.err").open("w"),
         text=True,
@@ -227,7 +229,7 @@ def start_server(tmp: Path) -> Served:
         raise AssertionError(
             f"rollstream serve did not start: {line!r}; {(tmp / 'serve.err').read_text()[-2000:]}"
         )
-    return Served(line.split()[-1], log, process)
+    return Served(line.split()[-1], log, process, state_dir)
 
 
 def read_line(process: subprocess.Popen[str], timeout_s: float) -> str:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from infra.cli import main
 from infra.cli.common import Common
+from infra.metrics_endpoints import registered, registration_path, url_for
+from producers.rollout_metrics import RolloutMetrics
+from schemas.metrics import serve_metrics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,3 +87,38 @@ def test_the_console_script_and_module_share_main(tmp_path: Path) -> None:
         [sys.executable, "-m", "infra.cli", "sql"], capture_output=True, text=True, timeout=60, check=False
     )
     assert missing.returncode == 2 and "Missing argument" in missing.stderr
+
+
+def test_status_scrapes_each_registered_process_and_drops_the_registrations_of_those_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "s"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    def registration(role: str, pid: int, started: float) -> Path:
+        path = registration_path(state, role, pid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"role": role, "pid": pid, "url": "http://127.0.0.1:9/metrics", "started": started}
+        path.write_text(json.dumps(body))
+        return path
+
+    stale = [
+        registration("learner", gone.pid, time.time()),  # its process exited
+        registration("serve", os.getpid(), 0.0),  # its pid is now another, later process's
+    ]
+    metrics = RolloutMetrics()
+    metrics.tasks.labels("done").inc(2)
+    with serve_metrics(metrics.registry) as server:
+        url = url_for("127.0.0.1", server.port)
+        with registered(state, "rollout", url):
+            argv = ["status", "--state-dir", str(state), "--kafka-port", "39999"]
+            assert main([*argv, "--json"]) == 3
+            (shown,) = json.loads(capsys.readouterr().out)["metrics"]
+            assert main(argv) == 3
+            text = capsys.readouterr().out
+    assert not any(path.exists() for path in stale)
+    assert (shown["role"], shown["pid"], shown["url"], shown["error"]) == ("rollout", os.getpid(), url, None)
+    assert shown["figures"] == {"tasks_in_flight": 0, "tasks": {"done": 2}}
+    assert f"rollout (pid {os.getpid()}) at {url}: in flight 0, tasks (done 2)" in text
+    assert not list((state / "metrics").glob("*.json"))

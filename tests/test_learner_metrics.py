@@ -12,6 +12,7 @@ from replay_support import make_rows, write_rows
 from consumers import learn
 from consumers.learner_metrics import LearnerMetrics
 from consumers.replay import ReplayBuffer, ReplayConfig
+from infra.metrics_endpoints import key_figures
 from schemas.metrics import exposition
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,7 +34,8 @@ def test_the_buffer_depth_is_the_rows_held_and_every_sampled_row_has_a_staleness
         max_lag=8,
         metrics=metrics,
     )
-    samples = parse(exposition(metrics.registry)[0].decode())
+    text = exposition(metrics.registry)[0].decode()
+    samples = parse(text)
     assert metrics.buffer is not None
     held = len(metrics.buffer.storage)
     assert 0 < held <= 150
@@ -53,6 +55,12 @@ def test_the_buffer_depth_is_the_rows_held_and_every_sampled_row_has_a_staleness
     assert value(samples, "rollstream_learner_staleness_versions_sum") > 0  # rows of version 0 at steps 1, 2
     assert value(samples, "rollstream_learner_max_staleness_versions") == 8
     assert value(samples, "rollstream_learner_samples_per_insert") == pytest.approx(sampled / admitted)
+    assert key_figures("learner", text) == {  # what `rollstream status` shows of a learner
+        "steps": 3,
+        "buffer_rows": held,
+        "max_staleness_versions": 8,
+        "version": value(samples, "rollstream_learner_version"),
+    }
 
 
 def test_rows_past_the_staleness_limit_are_counted_as_dropped_stale(tmp_path: Path) -> None:

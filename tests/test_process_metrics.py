@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
-from metrics_support import scrape, total, value
+from metrics_support import scrape, status_metrics, total, value
 from rollout_support import (
     MAX_LENGTH,
     RolloutEnv,
@@ -34,6 +34,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     finally:
         code = stop_process(server.process)
     assert code == 0, f"rollstream serve exited {code} on SIGTERM"
+    assert server.state_dir is not None and not list((server.state_dir / "metrics").glob("*.json"))
 
 
 def test_serve_counts_requests_by_endpoint_and_status_and_shows_the_version(served: Served) -> None:
@@ -63,6 +64,12 @@ def test_serve_counts_requests_by_endpoint_and_status_and_shows_the_version(serv
     assert grew("rollstream_serve_weight_reloads_total", outcome="refused") == 1
     assert value(after, "rollstream_serve_policy_version") == version
 
+    assert served.state_dir is not None
+    (shown,) = status_metrics(served.state_dir)  # `rollstream status` finds the server and scrapes it
+    assert (shown["role"], shown["pid"], shown["error"]) == ("serve", served.process.pid, None)
+    assert shown["url"] == f"{served.url}/metrics" and shown["figures"]["policy_version"] == version
+    assert shown["figures"]["requests"] >= total(after, requests)  # its scrapes are requests too
+
 
 def test_a_rollout_worker_counts_its_tasks_by_outcome_and_its_dead_letter_by_reason(
     admin: AdminClient,
@@ -87,11 +94,15 @@ def test_a_rollout_worker_counts_its_tasks_by_outcome_and_its_dead_letter_by_rea
                     break
                 time.sleep(0.2)
             health = httpx.get(url.replace("/metrics", "/health"), timeout=30)
+            (shown,) = status_metrics(state)
         finally:
             code = stop_process(worker, signal.SIGTERM)
         assert code == 0, "".join(err.read_text()[-2000:] for err in state.glob("rollout-*.err"))
     finally:
         env.close()
+    assert (shown["role"], shown["pid"], shown["url"], shown["error"]) == ("rollout", worker.pid, url, None)
+    assert shown["figures"] == {"tasks_in_flight": 0, "tasks": {"dead": 1, "done": 3, "released": 1}}
+    assert not list((state / "metrics").glob("*.json")), "a clean exit removes the registration"
     tasks = "rollstream_rollout_tasks_total"
     assert value(samples, tasks, outcome="done") == 3, samples
     assert value(samples, tasks, outcome="released") == 1  # task_max_attempts 2: one retry, then dead

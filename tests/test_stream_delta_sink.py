@@ -15,6 +15,7 @@ from deltalake import DeltaTable
 
 from producers.fleet import SyntheticFleet
 from schemas import TrajectoryCodec
+from schemas.tables import EXECUTIONS_SCHEMA
 from stream_processors import (
     DEAD_LETTERS_SCHEMA,
     TRAJECTORIES_SCHEMA,
@@ -28,7 +29,10 @@ from stream_processors import (
     table_uri,
     txn_app_id,
 )
+from stream_processors import executions as executions_module
 from stream_processors.delta_sink import list_column, trajectories_table
+from stream_processors.executions import ExecutionLog, ExecutionRecord
+from stream_processors.sandbox import Execution, Limits
 
 pytestmark = pytest.mark.timeout(120)
 APP = "sink-test"
@@ -152,6 +156,33 @@ def test_dead_letters_table_only_exactly_once(tmp_path):
     assert df["key"].to_list() == [d.key for d in letters]
     assert df["reason"].to_list() == [d.reason for d in letters]
     assert sink.stored_offset("raw", 0) == 5
+
+
+def _execution_record(i: int) -> ExecutionRecord:
+    execution = Execution(
+        outcome="exited", exit_code=0, signal=None, stdout="", stderr="", stdout_bytes=0,
+        stderr_bytes=0, cpu_s=0.01, wall_s=0.05, start_s=0.02 + i / 1000, peak_memory_bytes=1 << 20,
+        limits=Limits(), environment_id="",
+    )  # fmt: skip
+    return ExecutionRecord(f"t-{i}", 0, "code/x", "code_tests", "1.0.0", "ok", execution)
+
+
+def test_an_executions_table_without_start_s_gains_it_and_every_reader_still_reads_it(tmp_path, monkeypatch):
+    uri, old_names = tmp_path / "executions", [n for n in EXECUTIONS_SCHEMA.names if n != "start_s"]
+    build = executions_module.executions_table
+    monkeypatch.setattr(executions_module, "executions_table", lambda *a: build(*a).select(old_names))
+    log = ExecutionLog(uri, app_id=APP)
+    assert log.write([_execution_record(0)], [Coordinates("raw", 0, 0)]) == 1  # an older rollstream
+    assert DeltaTable(str(uri)).schema().to_arrow().names == old_names
+    monkeypatch.undo()
+
+    assert log.write([_execution_record(1)], [Coordinates("raw", 0, 1)]) == 1
+    table = DeltaTable(str(uri))
+    assert pa.schema(table.schema().to_arrow()).remove_metadata() == EXECUTIONS_SCHEMA
+    assert table.history(limit=2)[1]["operation"] == "ADD COLUMN"
+    frame = pl.read_delta(str(uri)).sort("offset")
+    assert frame["start_s"].to_list() == [None, 0.021]
+    assert pl.read_delta(str(uri), version=0).columns == old_names  # time travel reads the old version
 
 
 def test_dead_letters_go_to_the_topic_once(bootstrap_servers, make_topic, tmp_path):

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from metrics_support import status_metrics
 from prometheus_client.parser import text_string_to_metric_families
 from stream_support import REPO, publish, stop_worker, table_rows
 
@@ -29,11 +30,13 @@ pytestmark = pytest.mark.timeout(300)
 
 HARNESS = """
 import json, os, sys, time
+from pathlib import Path
 import stream_processors.startup as startup
+from infra.metrics_endpoints import register_when_serving
 from stream_processors import create_app, run_worker
 
 args = json.loads(sys.argv[1])
-gate = args.pop("gate")
+gate, state = args.pop("gate"), args.pop("state")
 check = startup.Preflight.check_and_load
 
 def gated(self):
@@ -43,9 +46,11 @@ def gated(self):
 
 startup.Preflight.check_and_load = gated
 app = create_app(**args)
+register_when_serving(app, Path(state))
 run_worker(app)
 """
-"""A worker whose preflight waits for a file, so the test sees /health before and after it."""
+"""A worker whose preflight waits for a file, so the test sees /health before and after it; it
+registers its /metrics in a state directory as `rollstream process` does."""
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -90,12 +95,12 @@ def test_scraped_lag_rows_dead_letters_and_health(bootstrap_servers, make_topic,
     values = [codec.encode(r) for r in incomplete] + [b"not avro"] * 5
     publish(bootstrap_servers, raw, [(None, v) for v in values])
     total, letters = len(values), 5
-    port, gate, lake = free_port(), tmp_path / "gate", tmp_path / "lake"
+    port, gate, lake, state = free_port(), tmp_path / "gate", tmp_path / "lake", tmp_path / "state"
     args = {
         "bootstrap_servers": bootstrap_servers, "lake_dir": str(lake), "raw_topic": raw, "ultra_topic": None,
         "dlq_topic": dlq, "app_id": "metrics", "raw_partitions": 1, "batch_size": 50,
         "group_event_timeout_s": 1e6, "group_wall_timeout_s": 8.0, "verifier_processes": 0,
-        "metrics_port": port, "data_dir": str(tmp_path / "faust"), "gate": str(gate),
+        "metrics_port": port, "data_dir": str(tmp_path / "faust"), "gate": str(gate), "state": str(state),
     }  # fmt: skip
     log = tmp_path / "worker.log"
     proc = subprocess.Popen(
@@ -138,6 +143,18 @@ def test_scraped_lag_rows_dead_letters_and_health(bootstrap_servers, make_topic,
         assert verdicts == total - letters
         assert metrics[("rollstream_stream_commit_rows_sum", ())] == total - letters
         assert metrics[("rollstream_stream_commit_seconds_count", ())] >= 1
+        runs = sum(v for (name, _), v in metrics.items() if name == "rollstream_stream_sandbox_runs_total")
+        assert runs > 0 and metrics[("rollstream_stream_sandbox_start_seconds_count", ())] == runs
+        start_sum = metrics[("rollstream_stream_sandbox_start_seconds_sum", ())]
+        assert 0 < start_sum <= metrics[("rollstream_stream_sandbox_run_seconds_sum", ())]
+
+        (shown,) = status_metrics(state)  # `rollstream status` finds the worker and scrapes it
+        assert (shown["role"], shown["pid"], shown["error"]) == ("stream", proc.pid, None)
+        assert shown["url"] == f"http://127.0.0.1:{port}/metrics"
+        assert shown["figures"] == {
+            "lag_messages": 0, "rows": total - letters, "dead_letters": letters, "groups_pending": 0,
+        }  # fmt: skip
     finally:
-        if proc.poll() is None:
-            stop_worker(proc, log)
+        code = stop_worker(proc, log) if proc.poll() is None else proc.returncode
+    assert code == 0, log.read_text()[-3000:]
+    assert not list((state / "metrics").glob("*.json")), "a clean stop removes the registration"

@@ -195,6 +195,12 @@ def test_output_under_the_cap_is_kept_whole(sandbox, host):
     assert v.executions[0].stdout.count("z") == 30_000
 
 
+def test_the_start_ends_before_the_command_runs(sandbox, host):
+    execution = sandbox.run(["python3", "-S", "-c", "import time; time.sleep(0.5)"])
+    assert execution.ok, execution
+    assert 0 < execution.start_s <= execution.wall_s - 0.5  # the sleep is the command's, after the start
+
+
 def test_the_sandbox_start_failure_is_a_host_error_never_a_verdict(tmp_path, host):
     broken = Sandbox(tmp_path / "work")
     broken.binary = "/bin/false"

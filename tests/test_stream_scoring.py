@@ -30,6 +30,7 @@ def test_code_rows_carry_their_pass_rate_and_an_execution_each(sandbox):
     out = BatchProcessor(verifiers=DomainVerifiers(sandbox=sandbox)).process(messages(records))
     assert len(out.rows) == len(records) and not out.dead_letters
     assert len(out.executions) == len(records) == len(out.execution_coordinates)
+    assert all(0 < r.execution.start_s <= r.execution.wall_s for r in out.executions)
     candidates = set()
     for row in out.rows:
         candidate = row.record["metadata"]["candidate"]

@@ -162,11 +162,13 @@ def process(
     )
     import threading
 
+    from infra.metrics_endpoints import register_when_serving, registration_path, unregister
     from infra.progress_bars import Bars, bars_wanted, follow_catch_up
     from infra.watch import group_lag
 
     topics = (settings.raw_topic, settings.ultra_topic) if stream.ultra else (settings.raw_topic,)
     stop = threading.Event()
+    register_when_serving(app, settings.state_dir)
     with Bars(enabled=bars_wanted() and not no_progress) as bars:
         follow_catch_up(
             bars,
@@ -177,6 +179,7 @@ def process(
             run_worker(app, loglevel=loglevel)
         finally:
             stop.set()
+            unregister(registration_path(settings.state_dir, "stream"))
     return 0
 
 
@@ -255,6 +258,7 @@ def learn(
     from consumers import learn as run_learn
     from consumers.learner_metrics import LearnerMetrics
     from consumers.versioning import PublishOptions
+    from infra.metrics_endpoints import registered, url_for
     from infra.progress_bars import Bars, bars_wanted
     from schemas.metrics import serve_metrics
 
@@ -282,6 +286,9 @@ def learn(
     with bars, contextlib.ExitStack() as closing:
         if server is not None:
             closing.callback(server.close)
+            closing.enter_context(
+                registered(settings.state_dir, "learner", url_for("127.0.0.1", server.port))
+            )
         result = run_learn(
             table_uri=settings.lake_table_uri("trajectories"),
             storage_options=settings.delta_storage_options(),

@@ -132,6 +132,7 @@ async def _work(
     metrics_port: int | None,
     pause_at: str | None,
 ) -> dict[str, Any]:
+    from infra.metrics_endpoints import register, unregister, url_for
     from infra.serve import load_tokenizer
     from producers.aio import AsyncPublisher
     from producers.rollout import RolloutOptions, RolloutWorker
@@ -151,8 +152,10 @@ async def _work(
     metrics = RolloutMetrics()
     readiness = Readiness(("task_queue",))
     server = None if metrics_port is None else serve_metrics(metrics.registry, readiness, port=metrics_port)
+    registration = None
     if server is not None:
         progress(f"rollout {worker_id}: metrics at http://127.0.0.1:{server.port}/metrics")
+        registration = register(settings.state_dir, "rollout", url_for("127.0.0.1", server.port))
     try:
         if versions is not None and backend == "torch":
             await _catch_up(engine, versions)
@@ -213,6 +216,8 @@ async def _work(
         if queue is not None:
             await asyncio.to_thread(queue.close)  # requeues whatever is still open
         await engine.close()
+        if registration is not None:
+            unregister(registration)
         if server is not None:
             server.close()
     progress(

@@ -43,8 +43,12 @@ def serve(
         ),
     ] = False,
 ) -> int:
+    from urllib.parse import urlsplit
+
+    from infra.metrics_endpoints import register, registration_path, unregister, url_for
     from infra.serve import ServeOptions, build_server, run
 
+    settings = common.settings()
     options = ServeOptions(
         policy=policy,
         vocab_size=vocab_size,
@@ -56,12 +60,17 @@ def serve(
         host=host,
         port=port,
         response_log=response_log,
-        follow_lake=common.settings().lake_uri if follow else None,
+        follow_lake=settings.lake_uri if follow else None,
     )
     server = build_server(options)
 
     def announce(url: str) -> None:
+        listening = urlsplit(url)
+        register(settings.state_dir, "serve", url_for(listening.hostname or host, listening.port or port))
         print(f"listening on {url}", flush=True)
         progress(f"serve: {policy} version {server.backend.version} at {url}; SIGTERM or Ctrl-C stops it")
 
-    return run(server, host=host, port=port, announce=announce)
+    try:
+        return run(server, host=host, port=port, announce=announce)
+    finally:
+        unregister(registration_path(settings.state_dir, "serve"))

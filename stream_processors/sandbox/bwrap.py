@@ -75,10 +75,15 @@ def bwrap_argv(
     command: list[str],
     env: dict[str, str],
     status_fd: int,
+    start_fd: int,
 ) -> list[str]:
     """The full argv: bwrap's options, then the command run inside.
 
     The interpreter's prefix is bound at its own path, from `python_source` when it was staged.
+    bwrap reports to `status_fd` (``--json-status-fd``: the sandbox's first pid, then the command's
+    exit code). `start_fd` is bwrap's ``--block-fd``: the read end of a pipe that already holds a
+    byte, which bwrap reads and closes once the sandbox is built (namespaces, mounts, capabilities
+    dropped), just before it starts the command; when its last reader closes, the writer sees it.
     """
     argv = [
         binary,
@@ -112,7 +117,8 @@ def bwrap_argv(
     argv += ["--ro-bind", str(task_dir), TASK_DIR]
     if env_dir is not None:
         argv += ["--ro-bind", str(env_dir), ENV_DIR]
-    argv += ["--remount-ro", "/", "--chdir", WORK_DIR, "--json-status-fd", str(status_fd)]
+    argv += ["--remount-ro", "/", "--chdir", WORK_DIR]
+    argv += ["--json-status-fd", str(status_fd), "--block-fd", str(start_fd)]
     for key, value in sorted(env.items()):
         argv += ["--setenv", key, value]
     return [*argv, "--", *command]

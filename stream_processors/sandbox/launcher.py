@@ -9,12 +9,13 @@ sandbox's modules (and, through its errors, the schemas package), started once p
 
 Protocol: over a private SOCK_SEQPACKET pair (nothing but the worker holds its other end, so the
 pickles are the worker's own), the worker sends one message per execution, a
-pickled `Request` with five descriptors (bwrap's stdin, stdout, stderr, its status pipe, and a
-reply socket of that execution's own). The launcher starts bwrap with exactly the same child
-set-up the worker would, then on the reply socket sends ``("started", pid)`` with a pidfd of
-bwrap (opened before bwrap can be reaped), or ``("failed", message)``; once bwrap ends it sends
-``("ended", wait status, CPU seconds of bwrap)``. The descriptors are closed in the launcher
-once bwrap has them; bwrap gets only its three streams and the status pipe (``close_fds``).
+pickled `Request` with six descriptors (bwrap's stdin, stdout, stderr, its status pipe, its start
+pipe, and a reply socket of that execution's own). The launcher starts bwrap with exactly the
+same child set-up the worker would, then on the reply socket sends ``("started", pid)`` with a
+pidfd of bwrap (opened before bwrap can be reaped), or ``("failed", message)``; once bwrap ends it
+sends ``("ended", wait status, CPU seconds of bwrap)``. The descriptors are closed in the launcher
+once bwrap has them; bwrap gets only its three streams and the status and start pipes
+(``close_fds``).
 When the worker goes (the control socket reaches EOF) the launcher exits, and every bwrap it
 started dies with it (``--die-with-parent``), taking its PID namespace along.
 """
@@ -37,7 +38,7 @@ from stream_processors.sandbox.pids import PidsCgroup
 from stream_processors.sandbox.privileges import Staging, drop_privileges, fail_in_child
 
 _MAX_MESSAGE = 1 << 20
-_FDS = 5
+_FDS = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +81,11 @@ def _send(reply: socket.socket, message: tuple[object, ...], fds: list[int] | No
 
 def _start(request: Request, fds: list[int]) -> None:
     """Start one bwrap, report it on its reply socket, wait for it, report its end."""
-    stdin, stdout, stderr, status, reply_fd = fds
+    stdin, stdout, stderr, status, start, reply_fd = fds
     reply = socket.socket(fileno=reply_fd)
     argv = list(request.argv)
-    argv[argv.index("--json-status-fd") + 1] = str(status)  # bwrap's option: the first, before "--"
+    for option, fd in (("--json-status-fd", status), ("--block-fd", start)):
+        argv[argv.index(option) + 1] = str(fd)  # bwrap's options: the first of each, before "--"
     try:
         try:
             proc = subprocess.Popen(
@@ -91,7 +93,7 @@ def _start(request: Request, fds: list[int]) -> None:
                 stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
-                pass_fds=(status,),
+                pass_fds=(status, start),
                 env={},  # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1
                 start_new_session=True,
                 preexec_fn=child_setup(request.cgroup, request.limits, request.uid, request.staging),
@@ -101,7 +103,7 @@ def _start(request: Request, fds: list[int]) -> None:
             _send(reply, ("failed", str(exc)))
             return
         finally:
-            for fd in (stdin, stdout, stderr, status):
+            for fd in (stdin, stdout, stderr, status, start):
                 os.close(fd)
         pidfd = os.pidfd_open(proc.pid)  # bwrap is not reaped before the wait4 below
         try:
@@ -171,7 +173,9 @@ class Launcher:
             self._control = ours
             return ours
 
-    def spawn(self, request: Request, stdin: int, stdout: int, stderr: int, status: int) -> socket.socket:
+    def spawn(
+        self, request: Request, stdin: int, stdout: int, stderr: int, status: int, start: int
+    ) -> socket.socket:
         """Ask the launcher to start `request` on those descriptors; returns the reply socket.
 
         Raises:
@@ -180,12 +184,13 @@ class Launcher:
         reply, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             data = pickle.dumps(request)
+            fds = [stdin, stdout, stderr, status, start, theirs.fileno()]
             try:
-                socket.send_fds(self._ensure(), [data], [stdin, stdout, stderr, status, theirs.fileno()])
+                socket.send_fds(self._ensure(), [data], fds)
             except OSError:  # the launcher ended: start another once
                 with self._lock:
                     self.close_locked()
-                socket.send_fds(self._ensure(), [data], [stdin, stdout, stderr, status, theirs.fileno()])
+                socket.send_fds(self._ensure(), [data], fds)
         except BaseException:
             reply.close()
             raise

@@ -5,7 +5,7 @@ One `Sandbox.run` is one execution: the task's files are written to a fresh host
 pids cgroup and, when the worker is root, as an unprivileged host id (privileges.py); stdout and
 stderr are read up to the output cap (past it the whole tree is killed and nothing more is read),
 and the whole tree is killed at the wall deadline. The result says
-how it ended; an ending caused by the host (bwrap did not start, the OOM killer) raises
+how it ended and how long the sandbox took to start; an ending caused by the host (bwrap did not start, the OOM killer) raises
 `SandboxHostError` instead, since it says nothing about the code.
 """
 
@@ -75,6 +75,14 @@ class Execution:
         stderr_bytes: the same for standard error.
         cpu_s: user + system CPU seconds of the tree (the processes bwrap reaped).
         wall_s: wall-clock seconds from start to exit.
+        start_s: wall-clock seconds from start (the worker asking the launcher to start bwrap)
+            until bwrap has built the sandbox and is about to start the command: it spans the
+            launcher's fork and child set-up (cgroup, rlimits, host id), bwrap's exec, its
+            namespaces, mounts and capability drop (and, on a `Sandbox`'s first run, the start of
+            its launcher process). The command's own start-up (an interpreter's,
+            about 10 ms for ``python -S``) is not in it. bwrap marks that point by closing its
+            ``--block-fd`` (bwrap.py); a bwrap that failed or was killed before it closes that
+            pipe by ending, so then it is the time bwrap ended. At most `wall_s`.
         peak_memory_bytes: largest resident set of a process of the tree.
         limits: the limits it ran under.
         environment_id: the content id of the environment bound at /env.
@@ -89,6 +97,7 @@ class Execution:
     stderr_bytes: int
     cpu_s: float
     wall_s: float
+    start_s: float
     peak_memory_bytes: int
     limits: Limits
     environment_id: str
@@ -360,11 +369,13 @@ class Sandbox:
             env["PYTHONPATH"] = ENV_DIR
         env["TASK_DIR"] = TASK_DIR
         status_read, status_write = os.pipe()
+        start_read, start_write = os.pipe()
+        os.write(start_write, b"\0")  # what bwrap's --block-fd reads: it never waits
         try:
             cgroup = PidsCgroup(self.cgroups, run_id, limits.processes)
         except OSError as exc:
-            os.close(status_read)
-            os.close(status_write)
+            for fd in (status_read, status_write, start_read, start_write):
+                os.close(fd)
             raise SandboxHostError(f"cannot create the pids cgroup of an execution: {exc}") from exc
         paths = Paths(
             binary=self.binary,
@@ -385,30 +396,36 @@ class Sandbox:
             command=argv_command,
             env=env,
             status_fd=status_write,
+            start_fd=start_read,
         )
         oom_before = _oom_kills()
         start = time.monotonic()
         try:
-            child = self._spawn(Request(argv, cgroup, limits, uid, staging), status_write)
+            child = self._spawn(Request(argv, cgroup, limits, uid, staging), status_write, start_read)
         except SandboxHostError:
             os.close(status_read)
+            os.close(start_write)
             cgroup.destroy()
             raise
         finally:
             os.close(status_write)
+            os.close(start_read)
         try:
-            return self._watch(child, cgroup, limits, status_read, start, oom_before, stdin, environment)
+            return self._watch(
+                child, cgroup, limits, _Pipes(status_read, start_write), start, oom_before, stdin, environment
+            )
         finally:
             child.kill()
             child.close_streams()
             os.close(status_read)
+            os.close(start_write)
             try:
                 child.wait()
             finally:
                 child.close()
                 cgroup.destroy()
 
-    def _spawn(self, request: Request, status_write: int) -> _Child:
+    def _spawn(self, request: Request, status_write: int, start_read: int) -> _Child:
         """Have the launcher start bwrap on fresh pipes; the started child, or SandboxHostError."""
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
@@ -416,7 +433,7 @@ class Sandbox:
         ours, theirs = (stdin_w, stdout_r, stderr_r), (stdin_r, stdout_w, stderr_w)
         reply = None
         try:
-            reply = self.launcher.spawn(request, stdin_r, stdout_w, stderr_w, status_write)
+            reply = self.launcher.spawn(request, stdin_r, stdout_w, stderr_w, status_write, start_read)
             message, fds = receive(reply)
         except OSError as exc:
             message, fds = ("failed", f"the launcher could not be reached: {exc}"), []
@@ -442,7 +459,7 @@ class Sandbox:
         child: _Child,
         cgroup: PidsCgroup,
         limits: Limits,
-        status_fd: int,
+        pipes: _Pipes,
         start: float,
         oom_before: int,
         stdin: bytes,
@@ -450,11 +467,11 @@ class Sandbox:
     ) -> Execution:
         child.write_stdin(stdin)
         watched = _Watched(limits.output_bytes)
-        _pump(child, cgroup, limits, status_fd, start, watched)
+        _pump(child, cgroup, limits, pipes, start, watched)
         returncode = child.wait()
         wall = time.monotonic() - start
         with contextlib.suppress(OSError):
-            while chunk := os.read(status_fd, 1 << 16):
+            while chunk := os.read(pipes.status, 1 << 16):
                 watched.status += chunk
         out, err = watched.out, watched.err
         stopped = watched.timed_out or watched.over_output
@@ -485,6 +502,7 @@ class Sandbox:
             stderr_bytes=err.total,
             cpu_s=cpu,
             wall_s=wall,
+            start_s=wall if watched.started_s is None else watched.started_s,
             peak_memory_bytes=watched.usage.peak_rss,
             limits=limits,
             environment_id=environment.id if environment is not None else "",
@@ -502,21 +520,33 @@ class _Watched:
     usage: _Usage = field(default_factory=_Usage)
     timed_out: bool = False
     over_output: bool = False
+    started_s: float | None = None
+    """Seconds from the start until bwrap closed its start pipe (None: not seen yet)."""
 
     def __post_init__(self) -> None:
         self.out, self.err = _Capped(self.output_bytes), _Capped(self.output_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class _Pipes:
+    """The worker's ends of bwrap's status pipe (read) and start pipe (write)."""
+
+    status: int
+    start: int
+
+
 def _pump(
-    child: _Child, cgroup: PidsCgroup, limits: Limits, status_fd: int, start: float, watched: _Watched
+    child: _Child, cgroup: PidsCgroup, limits: Limits, pipes: _Pipes, start: float, watched: _Watched
 ) -> None:
     """Read the child's streams and bwrap's status until it exits and its streams close, sampling
-    its usage; past the wall-clock limit or the output cap, kill its tree and stop reading."""
+    its usage and noting when bwrap closed its start pipe; past the wall-clock limit or the output
+    cap, kill its tree and stop reading."""
     streams = {child.stdout: watched.out, child.stderr: watched.err}
-    pidfd = child.pidfd
+    pidfd, status_fd = child.pidfd, pipes.status
     poller = select.poll()
     for fd in (*streams, status_fd, pidfd):
         poller.register(fd, select.POLLIN)
+    poller.register(pipes.start, 0)  # a pipe's writer gets POLLERR once its last reader closed
     deadline = start + limits.wall_s
     next_sample = start + _SAMPLE_MS / 1000
     exited = False
@@ -541,6 +571,10 @@ def _pump(
             if fd == pidfd:
                 exited = True
                 poller.unregister(pidfd)
+                continue
+            if fd == pipes.start:
+                watched.started_s = time.monotonic() - start
+                poller.unregister(fd)
                 continue
             if fd != status_fd and fd not in streams:
                 continue  # a stream dropped earlier in this batch of events
