@@ -49,6 +49,7 @@ from infra.settings_sections import (
     names_in,
     single_server,
 )
+from schemas.defaults import DEFAULT_VOCAB_SIZE
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",
@@ -139,7 +140,7 @@ class Settings(BaseSettings):
         "(fit one with `rollstream profile fit`). Empty: the shipped profile.",
     )
     vocab_size: int = Field(
-        default=32_768,
+        default=DEFAULT_VOCAB_SIZE,
         ge=2,
         description="The tokenizer's vocabulary; token ids outside [0, vocab_size) fail at read time.",
     )

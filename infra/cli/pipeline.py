@@ -216,6 +216,7 @@ def rescore(
         verifier_version=verifier_version,
         table_version=table_version,
         verifiers=_verifiers(settings),
+        pool_size=settings.sandbox.pool_size,
         bootstrap_servers=settings.bootstrap_servers,
         kafka_client=settings.kafka_client,
         progress=progress,
