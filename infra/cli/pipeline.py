@@ -234,7 +234,7 @@ def rescore(
 def learn(
     common: Common,
     vocab_size: Annotated[
-        int | None, typer.Option("--vocab-size", help="default: the vocab_size setting (32768)")
+        int | None, typer.Option("--vocab-size", help="default: the vocab_size setting")
     ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
     metrics_port: Annotated[
@@ -256,13 +256,15 @@ def learn(
     from consumers import learn as run_learn
     from consumers.learner_metrics import LearnerMetrics
     from consumers.versioning import PublishOptions
+    from infra.cli.stage_options import learner_options, replay_config
     from infra.progress_bars import Bars, bars_wanted
     from schemas.metrics import serve_metrics
 
     if metrics_port is not None and not 0 <= metrics_port < 65536:
         raise UsageError(f"--metrics-port {metrics_port}; give a port, 0 for a free one, or leave it out")
-    learner, replay = settings.learner, settings.replay
-    steps = learner.steps if learner.steps is not None else (None if replay.follow else 20)
+    if vocab_size is not None:
+        settings = settings.replace(vocab_size=vocab_size)
+    learner = settings.learner
     publish = None
     if learner.publish_every is not None:
         publish = PublishOptions(
@@ -272,9 +274,6 @@ def learn(
             model_name=learner.register_model,
             kafka_config=settings.kafka_config() if learner.announce else None,
         )
-    options = learner.model_dump(
-        exclude={"steps", "checkpoint", "publish_every", "register_model", "announce"}
-    )
     bars = Bars(enabled=bars_wanted() and not no_progress)
     metrics = LearnerMetrics()
     server = None if metrics_port is None else serve_metrics(metrics.registry, port=metrics_port)
@@ -284,20 +283,14 @@ def learn(
         if server is not None:
             closing.callback(server.close)
         result = run_learn(
-            table_uri=settings.lake_table_uri("trajectories"),
-            storage_options=settings.delta_storage_options(),
+            replay_config(settings),
+            learner_options(settings),
             tracking_uri=settings.tracking_uri,
-            steps=steps,
-            checkpoint_path=learner.checkpoint,
             publish=publish,
             progress=bars.line,
             on_step=lambda step, total: bars.advance("learn", step, total),
             stop=stop,
             metrics=metrics,
-            vocab_size=vocab_size or settings.vocab_size,
-            profile_path=settings.profile_path or None,
-            **options,
-            **replay.model_dump(),
         )
     print(json.dumps(result.as_dict()))
     return 0
