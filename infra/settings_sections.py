@@ -295,6 +295,18 @@ class StreamSettings(Section):
         "type's defaults.",
         json_schema_extra=no_flag(),
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port of the worker's `/metrics` and `/health`; with `--workers N`, worker i listens on "
+        "`metrics_port + i`. Default: a free port, logged at start.",
+    )
+    metrics_host: str = Field(
+        default=StreamDefaults.metrics_host,
+        min_length=1,
+        description="Address the metrics server binds; `0.0.0.0` lets a Prometheus on another host scrape.",
+    )
 
     @field_validator("band_pass")
     @classmethod

@@ -120,57 +120,31 @@ def process(
 
         return run_workers(worker_argv(INVOCATION), workers)
     settings = common.settings()
-    from schemas.profile import load_profile
-    from stream_processors import create_app, run_worker
-    from stream_processors.advantages import GroupNormalization, OverlongPenalty
+    from dataclasses import replace
 
-    stream = settings.stream
-    group = stream.group_id or stream.app_id
-    app = create_app(
+    from infra.cli.stage_options import keywords, worker_options
+    from stream_processors import create_app, run_worker
+
+    configured = worker_options(settings)
+    options = replace(
+        configured,
         verifiers=_verifiers(settings),
-        sandbox_pool_size=settings.sandbox.pool_size,
-        verifier_processes=stream.verifier_processes,
-        bootstrap_servers=settings.bootstrap_servers,
-        kafka_client=settings.kafka_client,
-        lake_dir=settings.lake_uri,
-        storage_options=settings.delta_storage_options(),
-        raw_topic=settings.raw_topic,
-        ultra_topic=settings.ultra_topic if stream.ultra else None,
-        dlq_topic=settings.dlq_topic,
-        app_id=stream.app_id,
-        group_id=stream.group_id,
-        batch_size=stream.batch_size,
-        batch_within_s=stream.batch_within,
-        write_retries=stream.write_retries,
-        profile=load_profile(settings.profile_path or None),
-        normalization=GroupNormalization(
-            mode=stream.advantage,
-            per_component=stream.per_component,
-            band_pass=stream.band_pass,
-            overlong=OverlongPenalty(*stream.overlong) if stream.overlong else None,
-        ),
-        group_event_timeout_s=stream.group_timeout,
-        group_wall_timeout_s=stream.group_wall_timeout,
-        domain_decay=stream.domain_decay,
-        domain_warmup=stream.domain_warmup,
-        commit_bytes=stream.commit_mb * 2**20,
-        commit_interval_s=stream.commit_interval,
-        session_timeout_s=stream.session_timeout,
-        task_window=stream.task_window,
-        instance_id=_instance_id(instance_id, worker_index, group),
+        instance_id=_instance_id(instance_id, worker_index, configured.group),
         data_dir=settings.state_dir / ("faust" if worker_index is None else f"faust-{worker_index}"),
+        metrics_port=_metrics_port(configured.metrics_port, worker_index),
     )
+    app = create_app(**keywords(options))
     import threading
 
     from infra.progress_bars import Bars, bars_wanted, follow_catch_up
     from infra.watch import group_lag
 
-    topics = (settings.raw_topic, settings.ultra_topic) if stream.ultra else (settings.raw_topic,)
+    topics = tuple(options.topics)
     stop = threading.Event()
     with Bars(enabled=bars_wanted() and not no_progress) as bars:
         follow_catch_up(
             bars,
-            lambda: group_lag(settings.bootstrap_servers, topics, group, settings.kafka_client),
+            lambda: group_lag(settings.bootstrap_servers, topics, options.group, settings.kafka_client),
             stop=stop,
         )
         try:
@@ -182,6 +156,11 @@ def process(
 
 def _exit_before_start(signum: int, _frame: object) -> None:
     raise SystemExit(0)
+
+
+def _metrics_port(port: int | None, worker_index: int | None) -> int | None:
+    """Worker i's metrics port: ``metrics_port + i`` (None: a free one)."""
+    return None if port is None else port + (worker_index or 0)
 
 
 def _instance_id(given: str | None, worker_index: int | None, group: str) -> str | None:
