@@ -581,7 +581,7 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "task_delivery_limit": ("rollout", "task_delivery_limit"),
     "task_low_every": ("rollout", "task_low_every"),
 }
-"""The flat names of settings that live in a section: still accepted as arguments, file keys and
+"""The flat names of settings that live in a section: accepted as arguments, file keys and
 ``ROLLSTREAM_<NAME>`` variables (the latter two with a warning), and readable as `Settings` attributes."""
 
 SECTION_OF_FLAT = {where: flat for flat, where in FLAT_NAMES.items()}
