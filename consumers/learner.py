@@ -33,6 +33,7 @@ from consumers.replay import ReplayBuffer, ReplayConfig, load_checkpoint, save_c
 from consumers.replay.collate import PackedBatch, ReplayBatch
 from consumers.tracking import check_tracking_uri, track_run
 from consumers.versioning import PublishOptions, VersionKeeper
+from schemas.defaults import LearnerDefaults
 from schemas.policy_version import PolicyVersion
 
 _METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-./ :]")
@@ -65,24 +66,40 @@ class LearnResult:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LearnerOptions:
-    """The optimization settings of `learn` (the data settings are a `ReplayConfig`)."""
+    """How `learn` trains; its `ReplayConfig` says what it reads and draws (its seed seeds torch too).
 
-    steps: int | None = 20
-    lr: float = 1e-3
-    dim: int = 64
-    clip_epsilon: float = 0.2
-    kl_coef: float = 0.0
-    seed: int = 0
-    checkpoint_path: str | None = None
-    checkpoint_every: int = 10
-    rows_log: str | None = None
-    policy: str = "tiny"
-    objective: Objective = "decoupled_ppo"
-    aggregation: Aggregation = "grpo"
-    max_length: int | None = None
-    device: str = "cpu"
+    Attributes:
+        experiment: MLflow experiment name (created if missing).
+        steps: optimizer steps in total (a resumed run counts its earlier steps); None: until no
+            row is left to draw, or with `ReplayConfig.follow` until `stop` or an interrupt.
+        policy: "tiny", "transformer" or "module:factory" (built with vocab_size and dim).
+        dim: the policy's width.
+        objective: "decoupled_ppo" or "tis" (`consumers.loss.LossOptions`).
+        aggregation: "grpo" (token mean per sequence) or "dr_grpo" (sum over max_length).
+        lr: AdamW learning rate.
+        clip_epsilon: PPO clip range of the importance ratio against the stored logprobs.
+        kl_coef: weight of the KL penalty to the initial policy (0: none, no reference kept).
+        device: "cpu" or "cuda" (batches copied from pinned memory, non-blocking).
+        checkpoint_path: one file for weights, optimizer and buffer position; resumed if present.
+        checkpoint_every: steps between checkpoints (and one at the end).
+        rows_log: a JSON-lines file naming each step's rows (audits, lineage).
+    """
+
+    experiment: str = LearnerDefaults.experiment
+    steps: int | None = LearnerDefaults.steps
+    policy: str = LearnerDefaults.policy
+    dim: int = LearnerDefaults.dim
+    objective: Objective = LearnerDefaults.objective
+    aggregation: Aggregation = LearnerDefaults.aggregation
+    lr: float = LearnerDefaults.lr
+    clip_epsilon: float = LearnerDefaults.clip_epsilon
+    kl_coef: float = LearnerDefaults.kl_coef
+    device: str = LearnerDefaults.device
+    checkpoint_path: str | Path | None = None
+    checkpoint_every: int = LearnerDefaults.checkpoint_every
+    rows_log: str | Path | None = None
 
     def __post_init__(self) -> None:
         if (self.steps is not None and self.steps < 1) or self.lr <= 0:
@@ -95,54 +112,26 @@ class LearnerOptions:
 
 
 def learn(
+    replay: ReplayConfig,
+    options: LearnerOptions | None = None,
     *,
-    table_uri: str,
     tracking_uri: str,
-    experiment: str = "rollstream",
-    steps: int | None = 20,
-    lr: float = 1e-3,
-    dim: int = 64,
-    clip_epsilon: float = 0.2,
-    kl_coef: float = 0.0,
-    seed: int = 0,
-    checkpoint_path: str | Path | None = None,
-    checkpoint_every: int = 10,
-    rows_log: str | Path | None = None,
-    policy: str = "tiny",
-    objective: Objective = "decoupled_ppo",
-    aggregation: Aggregation = "grpo",
-    device: str = "cpu",
     publish: PublishOptions | None = None,
     on_publish: Callable[[PolicyVersion, torch.nn.Module], None] | None = None,
     progress: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
     on_step: Callable[[int, int | None], None] | None = None,
     metrics: LearnerMetrics | None = None,
-    **replay: Any,
 ) -> LearnResult:
-    """Train on the trajectories table through a `ReplayBuffer`, log to MLflow, checkpoint.
+    """Train on `replay.table_uri` through a `ReplayBuffer`, log to MLflow, checkpoint.
 
-    Without `follow=True` the buffer reads to the table's latest version at start and the run
-    ends after `steps` or when no row is left to draw; with it the run tails the table until
-    `steps` (None: until `stop` is set or the process is interrupted).
+    Without `replay.follow` the buffer reads to the table's latest version at start and the run
+    ends after `options.steps` or when no row is left to draw; with it the run tails the table.
 
     Args:
-        table_uri: the trajectories Delta table, e.g. `<lake>/trajectories`.
+        replay: what to read, how to draw and how to batch.
+        options: how to train; default `LearnerOptions()`.
         tracking_uri: an explicit MLflow store, e.g. `sqlite:////abs/path/mlflow.db`.
-        experiment: MLflow experiment name (created if missing).
-        steps: optimizer steps in total (a resumed run counts its earlier steps).
-        lr: AdamW learning rate.
-        dim: the policy's width.
-        clip_epsilon: PPO clip range of the importance ratio against the stored logprobs.
-        kl_coef: weight of the KL penalty to the initial policy (0: none, no reference kept).
-        seed: seeds torch (weights) and the draws.
-        checkpoint_path: one file for weights, optimizer and buffer position; resumed if present.
-        checkpoint_every: steps between checkpoints (and one at the end).
-        rows_log: a JSON-lines file naming each step's rows (audits, lineage).
-        policy: "tiny", "transformer" or "module:factory" (built with vocab_size and dim).
-        objective: "decoupled_ppo" or "tis" (`consumers.loss.LossOptions`).
-        aggregation: "grpo" (token mean per sequence) or "dr_grpo" (sum over max_length).
-        device: "cpu" or "cuda" (batches copied from pinned memory, non-blocking).
         publish: publish weights by version every `publish.every` steps (the learner's version
             is then the published number); None: the version is the step count.
         on_publish: called with each published record and the policy (e.g. a held-out evaluation).
@@ -150,40 +139,23 @@ def learn(
         stop: set it to end a following run after the current step.
         on_step: called with (step, total steps or None) after each step, for progress bars.
         metrics: `LearnerMetrics` to report steps and the buffer to (serve its registry).
-        **replay: `ReplayConfig` fields (token_budget, max_length, vocab_size, follow, max_lag, ...).
 
     Raises:
-        MissingTableError: no table at `table_uri` (run `rollstream process` first).
+        MissingTableError: no table at `replay.table_uri` (run `rollstream process` first).
         EmptySnapshotError: the read range holds no row the learner may train on.
         TrackingError: `tracking_uri` is not an explicit store URI.
         TokenRangeError: a token id outside [0, vocab_size).
     """
-    options = LearnerOptions(
-        steps=steps,
-        lr=lr,
-        dim=dim,
-        clip_epsilon=clip_epsilon,
-        kl_coef=kl_coef,
-        seed=seed,
-        checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
-        checkpoint_every=checkpoint_every,
-        rows_log=None if rows_log is None else str(rows_log),
-        policy=policy,
-        objective=objective,
-        aggregation=aggregation,
-        max_length=replay.get("max_length"),
-        device=device,
-    )
-    config = ReplayConfig(table_uri=table_uri, seed=seed, **replay)
+    options = options or LearnerOptions()
     check_tracking_uri(tracking_uri)
     keeper = None if publish is None else VersionKeeper(publish, on_publish=on_publish)
     learner = _Learner(
-        options, config, progress=progress, stop=stop or threading.Event(), on_step=on_step, keeper=keeper
+        options, replay, progress=progress, stop=stop or threading.Event(), on_step=on_step, keeper=keeper
     )
     learner.metrics = metrics
     if metrics is not None:
         metrics.watch(learner.buffer)
-    return learner.run(tracking_uri=tracking_uri, experiment=experiment)
+    return learner.run(tracking_uri=tracking_uri)
 
 
 class _Learner:
@@ -199,7 +171,7 @@ class _Learner:
         on_step: Callable[[int, int | None], None] | None = None,
         keeper: VersionKeeper | None = None,
     ) -> None:
-        torch.manual_seed(options.seed)
+        torch.manual_seed(config.seed)
         self.options = options
         self.config = config
         self.progress = progress
@@ -215,7 +187,7 @@ class _Learner:
             aggregation=options.aggregation,
             clip_epsilon=options.clip_epsilon,
             kl_coef=options.kl_coef,
-            max_length=options.max_length if options.aggregation == "dr_grpo" else None,
+            max_length=config.max_length if options.aggregation == "dr_grpo" else None,
         )
         self.reference = copy.deepcopy(self.policy).requires_grad_(False) if options.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=options.lr)
@@ -276,13 +248,13 @@ class _Learner:
             },
         )
 
-    def run(self, *, tracking_uri: str, experiment: str) -> LearnResult:
+    def run(self, *, tracking_uri: str) -> LearnResult:
         params = {**asdict(self.options), **_comparable(self.config), "profile_id": self.buffer.profile.id}
         params.pop("table_uri")
         with (
             track_run(
                 tracking_uri=tracking_uri,
-                experiment=experiment,
+                experiment=self.options.experiment,
                 table_uri=self.buffer.uri,
                 params=params,
                 run_id=self.run_id,

@@ -13,6 +13,8 @@ from typing import Literal
 
 import torch
 
+from schemas.defaults import LearnerDefaults
+
 Objective = Literal["decoupled_ppo", "tis"]
 Aggregation = Literal["grpo", "dr_grpo"]
 OBJECTIVES: tuple[Objective, ...] = ("decoupled_ppo", "tis")
@@ -118,14 +120,14 @@ class LossOptions:
         kl_coef: weight of the k3 estimate of KL(pi || reference); needs reference logprobs.
     """
 
-    objective: Objective = "decoupled_ppo"
-    aggregation: Aggregation = "grpo"
-    clip_epsilon: float = 0.2
+    objective: Objective = LearnerDefaults.objective
+    aggregation: Aggregation = LearnerDefaults.aggregation
+    clip_epsilon: float = LearnerDefaults.clip_epsilon
     clip_epsilon_high: float | None = None
     behaviour_weight_cap: float | None = None
     tis_cap: float = 2.0
     max_length: int | None = None
-    kl_coef: float = 0.0
+    kl_coef: float = LearnerDefaults.kl_coef
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES or self.aggregation not in AGGREGATIONS:

@@ -208,7 +208,8 @@ def run_demo(
     """
     import polars as pl
 
-    from consumers import learn
+    from consumers import LearnerOptions, learn
+    from consumers.replay import ReplayConfig
     from infra import services
     from schemas.profile import load_profile
 
@@ -253,13 +254,13 @@ def run_demo(
     progress(f"learning for {learn_steps} steps from {table_uri}")
     started = time.monotonic()
     result = learn(
-        table_uri=table_uri,
+        ReplayConfig(
+            table_uri=table_uri, vocab_size=settings.vocab_size, profile_path=settings.profile_path or None
+        ),
+        LearnerOptions(steps=learn_steps),
         tracking_uri=settings.tracking_uri,
-        steps=learn_steps,
         progress=None if advance is not None else progress,
         on_step=None if advance is None else lambda step, total: advance("learn", step, total),
-        vocab_size=settings.vocab_size,
-        profile_path=settings.profile_path or None,
     )
     seconds["learn"] = time.monotonic() - started
 

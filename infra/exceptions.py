@@ -49,4 +49,4 @@ class InstallError(InfraError):
 
 
 class SettingsWarning(UserWarning):
-    """A setting is given under an old name that still works; the message names the new one."""
+    """A setting is given under its flat name (`FLAT_NAMES`); the message names the section's form."""

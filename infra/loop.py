@@ -495,29 +495,16 @@ class _ThreadLearner:
         return dict(self.learned["result"].as_dict())
 
     def _run(self) -> None:
-        from consumers import learn
+        from consumers import LearnerOptions, learn
+        from consumers.replay import ReplayConfig
         from consumers.versioning import PublishOptions
 
         settings, options, vocab_size, gate = self.args
         try:
             _wait_for_table(settings, self.stop)
-            self.learned["result"] = learn(
+            replay = ReplayConfig(
                 table_uri=settings.lake_table_uri("trajectories"),
                 storage_options=settings.delta_storage_options(),
-                tracking_uri=settings.tracking_uri,
-                experiment=EXPERIMENT,
-                steps=None,
-                lr=options.lr,
-                seed=options.seed,
-                policy=POLICY,
-                publish=PublishOptions(
-                    lake_uri=settings.lake_uri,
-                    every=options.publish_every,
-                    storage_options=settings.delta_storage_options(),
-                    model_name=options.model_name,
-                ),
-                on_publish=gate,
-                stop=self.stop,
                 follow=True,
                 layout="packed",
                 token_budget=4 * options.rows_per_step,
@@ -529,6 +516,20 @@ class _ThreadLearner:
                 min_size=options.wave * GROUP_SIZE if options.synchronous else options.rows_per_step,
                 sample_timeout_s=5.0,
                 poll_interval_s=0.2,
+                seed=options.seed,
+            )
+            self.learned["result"] = learn(
+                replay,
+                LearnerOptions(experiment=EXPERIMENT, steps=None, lr=options.lr, policy=POLICY),
+                tracking_uri=settings.tracking_uri,
+                publish=PublishOptions(
+                    lake_uri=settings.lake_uri,
+                    every=options.publish_every,
+                    storage_options=settings.delta_storage_options(),
+                    model_name=options.model_name,
+                ),
+                on_publish=gate,
+                stop=self.stop,
             )
         except BaseException as exc:  # reported by tick() and finish()
             self.learned["error"] = exc

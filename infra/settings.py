@@ -6,9 +6,9 @@ the TOML file (``./rollstream.toml`` when present, or the file passed in; keys a
 under ``[rollstream]``, sections as tables), then the defaults. ``Settings(**values)`` takes its
 arguments alone. A bad value's error names the flag, variable or file it came from.
 
-The flat names of settings that moved into a section (``kafka_port``, ``raw_topic``, ...) stay
-readable as attributes and accepted as arguments; as variables and file keys they still work, with
-a `SettingsWarning` naming the new one.
+Some settings of a section also have a flat name (``kafka_port`` for ``kafka.port``, ``raw_topic``,
+...; `FLAT_NAMES`): readable as attributes and accepted as arguments; as variables and file keys
+they work with a `SettingsWarning` naming the section's form.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from infra.settings_sections import (
     names_in,
     single_server,
 )
+from schemas.defaults import DEFAULT_VOCAB_SIZE
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",
@@ -139,7 +140,7 @@ class Settings(BaseSettings):
         "(fit one with `rollstream profile fit`). Empty: the shipped profile.",
     )
     vocab_size: int = Field(
-        default=32_768,
+        default=DEFAULT_VOCAB_SIZE,
         ge=2,
         description="The tokenizer's vocabulary; token ids outside [0, vocab_size) fail at read time.",
     )
@@ -376,9 +377,9 @@ class _TomlSource(TomlConfigSettingsSource):
 
 
 class _FlatEnvSource(EnvSettingsSource):
-    """``ROLLSTREAM_<FLAT_NAME>`` variables of settings that moved into a section, with a warning each.
+    """``ROLLSTREAM_<FLAT_NAME>`` variables of settings that live in a section, with a warning each.
 
-    A variable of the new name, when set, wins and the old one is not read.
+    The section's variable (``ROLLSTREAM_<SECTION>__<NAME>``), when set, wins and the flat one is not read.
     """
 
     def _load_env_vars(self) -> Mapping[str, str | None]:

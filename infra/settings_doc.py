@@ -30,7 +30,7 @@ def settings_fields() -> Iterator[tuple[str, str, FieldInfo]]:
 def _kind(info: FieldInfo) -> str:
     text = getattr(info.annotation, "__name__", None) or str(info.annotation)
     text = text.replace("typing.", "").replace("pathlib.", "").replace("collections.abc.", "")
-    return "table of strings" if text.startswith("Mapping") else text
+    return "table of strings" if text.startswith("Mapping") else text.replace("|", "\\|")
 
 
 def _default(info: FieldInfo) -> str:

@@ -1,9 +1,10 @@
 """The sections of `Settings`: kafka, stream, sandbox, replay, learner, rollout.
 
-Each field declares its default and its description once; `infra/settings_doc.py` writes the
-reference from them and `infra/cli/options.py` makes the command line's flags from them. A field's
-``flag`` (in ``json_schema_extra``) overrides the flag name, and ``flag=False`` keeps it off the
-command line.
+Each field declares its description once, and its default once: a default the stage's library
+options share comes from `schemas.defaults`, which both read. `infra/settings_doc.py` writes the
+reference from the fields and `infra/cli/common.py` makes the command line's flags from them. A
+field's ``flag`` (in ``json_schema_extra``) overrides the flag name, and ``flag=False`` keeps it
+off the command line.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from schemas.defaults import DEFAULT_SEED, LearnerDefaults, ReplayDefaults, StreamDefaults
 
 MANAGED_KAFKA_KEYS = frozenset(
     {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "isolation.level"}
@@ -202,7 +205,7 @@ class StreamSettings(Section):
     """The stream stage (`rollstream process`): consuming, judging, grouping, committing."""
 
     app_id: str = Field(
-        default="rollstream-processor",
+        default=StreamDefaults.app_id,
         min_length=1,
         description="Names the offsets and state stored in Delta (the exactly-once identity); keep it stable.",
     )
@@ -212,16 +215,25 @@ class StreamSettings(Section):
         description="Consume the ultra-long topic too.",
         json_schema_extra={"flag": "--ultra/--no-ultra"},
     )
-    batch_size: int = Field(default=500, ge=1, description="Most messages per batch from the raw topic.")
-    batch_within: float = Field(
-        default=0.25, gt=0, description="Seconds a partial batch waits before it is judged."
+    batch_size: int = Field(
+        default=StreamDefaults.batch_size, ge=1, description="Most messages per batch from the raw topic."
     )
-    write_retries: int = Field(default=5, ge=1, description="Delta write attempts before the worker stops.")
+    batch_within: float = Field(
+        default=StreamDefaults.batch_within_s,
+        gt=0,
+        description="Seconds a partial batch waits before it is judged.",
+    )
+    write_retries: int = Field(
+        default=StreamDefaults.write_retries,
+        ge=1,
+        description="Retries of a failing Delta or dead-letter write before the worker stops.",
+    )
     advantage: Literal["grpo", "dr_grpo"] = Field(
-        default="grpo", description="Group advantage: GRPO `(r - mean) / std` or Dr. GRPO `r - mean`."
+        default=StreamDefaults.advantage,
+        description="Group advantage: GRPO `(r - mean) / std` or Dr. GRPO `r - mean`.",
     )
     per_component: bool = Field(
-        default=False,
+        default=StreamDefaults.per_component,
         description="Normalize each named reward component, then sum.",
         json_schema_extra={"flag": "--per-component/--no-per-component"},
     )
@@ -235,38 +247,65 @@ class StreamSettings(Section):
         description="DAPO overlong penalty: (max tokens, cache tokens). Default: none.",
         json_schema_extra={"metavar": "MAX CACHE"},
     )
-    group_timeout: float = Field(default=300.0, gt=0, description="Event-time group timeout, seconds.")
-    group_wall_timeout: float = Field(default=30.0, gt=0, description="Wall-clock group timeout, seconds.")
+    group_timeout: float = Field(
+        default=StreamDefaults.group_event_timeout_s, gt=0, description="Event-time group timeout, seconds."
+    )
+    group_wall_timeout: float = Field(
+        default=StreamDefaults.group_wall_timeout_s, gt=0, description="Wall-clock group timeout, seconds."
+    )
     domain_decay: float = Field(
-        default=1.0, gt=0, le=1, description="Weight a domain's statistics keep per reward, (0, 1]."
+        default=StreamDefaults.domain_decay,
+        gt=0,
+        le=1,
+        description="Weight a domain's statistics keep per reward, (0, 1].",
     )
     domain_warmup: int = Field(
-        default=32, ge=0, description="Rewards a domain collects before it standardizes."
+        default=StreamDefaults.domain_warmup,
+        ge=0,
+        description="Rewards a domain collects before it standardizes.",
     )
-    commit_mb: int = Field(default=64, ge=1, description="Commit once the decided rows hold this many MiB.")
-    commit_interval: float = Field(default=1.0, gt=0, description="Commit at least this often, seconds.")
+    commit_mb: int = Field(
+        default=StreamDefaults.commit_mib,
+        ge=1,
+        description="Commit once the decided rows hold this many MiB.",
+    )
+    commit_interval: float = Field(
+        default=StreamDefaults.commit_interval_s, gt=0, description="Commit at least this often, seconds."
+    )
     session_timeout: float = Field(
-        default=10.0,
+        default=StreamDefaults.session_timeout_s,
         gt=0,
         description="Kafka session timeout: how long a killed worker holds its partitions, seconds.",
     )
     task_window: int = Field(
-        default=100_000,
+        default=StreamDefaults.task_window,
         ge=1,
         description="Completed task ids remembered per source partition, within which a later complete "
         "attempt of the same task is a `duplicate_attempt` dead letter.",
     )
     verifier_processes: int = Field(
-        default=1,
+        default=StreamDefaults.verifier_processes,
         ge=0,
         description="Spawned processes per worker judging the CPU-heavy verifiers (math, extraction) off the "
         "event loop and the worker's GIL; 0 judges them in the worker.",
     )
     unknown_domains: Literal["dead-letter", "task-type"] = Field(
-        default="dead-letter",
+        default=StreamDefaults.unknown_domains,
         description="`dead-letter`, or `task-type`: judge a domain missing from the registry with its task "
         "type's defaults.",
         json_schema_extra=no_flag(),
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port of the worker's `/metrics` and `/health`; with `--workers N`, worker i listens on "
+        "`metrics_port + i`. Default: a free port, logged at start.",
+    )
+    metrics_host: str = Field(
+        default=StreamDefaults.metrics_host,
+        min_length=1,
+        description="Address the metrics server binds; `0.0.0.0` lets a Prometheus on another host scrape.",
     )
 
     @field_validator("band_pass")
@@ -286,7 +325,11 @@ class SandboxSettings(Section):
         "Default: `<state_dir>/sandbox`.",
         json_schema_extra=no_flag(),
     )
-    pool_size: int = Field(default=2, ge=1, description="Sandboxed judgements run at once per worker.")
+    pool_size: int = Field(
+        default=StreamDefaults.sandbox_pool_size,
+        ge=1,
+        description="Sandboxed judgements run at once per worker.",
+    )
 
     @field_validator("dir")
     @classmethod
@@ -297,20 +340,26 @@ class SandboxSettings(Section):
 class ReplaySettings(Section):
     """What the learner reads from the trajectories table and how its replay buffer draws."""
 
-    start_version: int = Field(default=0, ge=0, description="First table version read (time travel).")
+    start_version: int = Field(
+        default=ReplayDefaults.start_version, ge=0, description="First table version read (time travel)."
+    )
     end_version: int | None = Field(
         default=None, ge=0, description="Last table version read. Default: latest at start."
     )
     follow: bool = Field(
-        default=False,
+        default=ReplayDefaults.follow,
         description="Keep training as the table grows, until SIGTERM / Ctrl-C.",
         json_schema_extra={"flag": "--follow/--no-follow"},
     )
-    token_budget: int = Field(default=16_384, ge=1, description="Padded slots (or packed tokens) per batch.")
-    max_length: int = Field(default=2048, ge=1, description="Prompt + response tokens kept per row.")
-    layout: Literal["padded", "packed"] = Field(default="padded", description="Batch layout.")
+    token_budget: int = Field(
+        default=ReplayDefaults.token_budget, ge=1, description="Padded slots (or packed tokens) per batch."
+    )
+    max_length: int = Field(
+        default=ReplayDefaults.max_length, ge=1, description="Prompt + response tokens kept per row."
+    )
+    layout: Literal["padded", "packed"] = Field(default=ReplayDefaults.layout, description="Batch layout.")
     profile_matched: bool = Field(
-        default=True,
+        default=ReplayDefaults.profile_matched,
         description="Draw buckets in the workload profile's shares.",
         json_schema_extra={"flag": "--profile-match/--no-profile-match"},
     )
@@ -329,47 +378,64 @@ class ReplaySettings(Section):
     samples_per_insert: float | None = Field(
         default=None, gt=0, description="Rate limit: rows sampled per row inserted. Default: no limit."
     )
-    min_size: int = Field(default=1, ge=1, description="Rows inserted before the first sample.")
+    min_size: int = Field(
+        default=ReplayDefaults.min_size, ge=1, description="Rows inserted before the first sample."
+    )
     capacity_rows: int | None = Field(
         default=None, ge=1, description="Most rows held. Default: no row bound."
     )
     capacity_tokens: int = Field(
-        default=8_000_000, ge=1, description="Most prompt + response tokens held (about 8 bytes each)."
+        default=ReplayDefaults.capacity_tokens,
+        ge=1,
+        description="Most prompt + response tokens held (about 8 bytes each).",
     )
     eviction: Literal["oldest", "stalest"] = Field(
-        default="oldest", description="What goes first once over capacity."
+        default=ReplayDefaults.eviction, description="What goes first once over capacity."
     )
 
 
 class LearnerSettings(Section):
     """The learner (`rollstream learn`): the policy, the optimizer, checkpoints, publishing."""
 
-    experiment: str = Field(default="rollstream", min_length=1, description="MLflow experiment name.")
+    experiment: str = Field(
+        default=LearnerDefaults.experiment, min_length=1, description="MLflow experiment name."
+    )
     steps: int | None = Field(
-        default=None, ge=1, description="Optimizer steps. Default: 20, or until stopped with `follow`."
+        default=None,
+        ge=1,
+        description=f"Optimizer steps. Default: {LearnerDefaults.steps}, or until stopped with `follow`.",
     )
     policy: str = Field(
-        default="tiny", description='`"tiny"`, `"transformer"` or an import path `"module:factory"`.'
+        default=LearnerDefaults.policy,
+        description='`"tiny"`, `"transformer"` or an import path `"module:factory"`.',
     )
-    dim: int = Field(default=64, ge=1, description="The policy's width.")
+    dim: int = Field(default=LearnerDefaults.dim, ge=1, description="The policy's width.")
     objective: Literal["decoupled_ppo", "tis"] = Field(
-        default="decoupled_ppo", description="The policy loss."
+        default=LearnerDefaults.objective, description="The policy loss."
     )
     aggregation: Literal["grpo", "dr_grpo"] = Field(
-        default="grpo", description="`grpo` (token mean per sequence) or `dr_grpo` (sum over max_length)."
+        default=LearnerDefaults.aggregation,
+        description="`grpo` (token mean per sequence) or `dr_grpo` (sum over max_length).",
     )
-    lr: float = Field(default=1e-3, gt=0, description="AdamW learning rate.")
+    lr: float = Field(default=LearnerDefaults.lr, gt=0, description="AdamW learning rate.")
     clip_epsilon: float = Field(
-        default=0.2, gt=0, lt=1, description="PPO clip range of the importance ratio."
+        default=LearnerDefaults.clip_epsilon,
+        gt=0,
+        lt=1,
+        description="PPO clip range of the importance ratio.",
     )
-    kl_coef: float = Field(default=0.0, ge=0, description="KL penalty to the initial policy (0: none).")
-    seed: int = Field(default=0, description="Seeds torch (weights) and the draws.")
-    device: str = Field(default="cpu", description="`cpu` or `cuda`.")
+    kl_coef: float = Field(
+        default=LearnerDefaults.kl_coef, ge=0, description="KL penalty to the initial policy (0: none)."
+    )
+    seed: int = Field(default=DEFAULT_SEED, description="Seeds torch (weights) and the draws.")
+    device: str = Field(default=LearnerDefaults.device, description="`cpu` or `cuda`.")
     checkpoint: Path | None = Field(
         default=None, description="One file for weights, optimizer and buffer position; resumed if present."
     )
     checkpoint_every: int = Field(
-        default=10, ge=1, description="Steps between checkpoints (and one at the end)."
+        default=LearnerDefaults.checkpoint_every,
+        ge=1,
+        description="Steps between checkpoints (and one at the end).",
     )
     rows_log: Path | None = Field(default=None, description="A JSON-lines file naming each step's rows.")
     publish_every: int | None = Field(
@@ -515,7 +581,7 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "task_delivery_limit": ("rollout", "task_delivery_limit"),
     "task_low_every": ("rollout", "task_low_every"),
 }
-"""The flat names of settings that live in a section: still accepted as arguments, file keys and
+"""The flat names of settings that live in a section: accepted as arguments, file keys and
 ``ROLLSTREAM_<NAME>`` variables (the latter two with a warning), and readable as `Settings` attributes."""
 
 SECTION_OF_FLAT = {where: flat for flat, where in FLAT_NAMES.items()}

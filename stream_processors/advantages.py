@@ -27,6 +27,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from schemas.defaults import StreamDefaults
+
 EPSILON = 1e-6
 NO_SIGNAL_STATUSES: frozenset[str] = frozenset({"skipped", "error", "timeout", "output_limit"})
 ZERO_VARIANCE = 1e-12
@@ -75,9 +77,9 @@ class GroupNormalization:
         overlong: DAPO's overlong soft penalty, or None.
     """
 
-    mode: AdvantageMode = "grpo"
+    mode: AdvantageMode = StreamDefaults.advantage
     epsilon: float = EPSILON
-    per_component: bool = False
+    per_component: bool = StreamDefaults.per_component
     band_pass: tuple[float, float] | None = None
     overlong: OverlongPenalty | None = None
 

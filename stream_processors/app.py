@@ -14,7 +14,6 @@ letter is not stored, so never past a pending group's sample (committer.py, reba
 from __future__ import annotations
 
 import functools
-import logging
 import socket
 from typing import Any
 
@@ -53,8 +52,6 @@ __all__ = [
     "create_app",
     "faust_broker_url",
 ]
-
-log = logging.getLogger(__name__)
 
 TRAJECTORIES_TABLE = "trajectories"
 DEAD_LETTERS_TABLE = "dead_letters"
@@ -200,7 +197,6 @@ def _faust_app(o: WorkerOptions, partitions: int) -> StreamApp:
     """The Faust app: no Kafka of its own, tables in memory, its web server on the metrics address."""
     port = o.metrics_port if o.metrics_port is not None else free_port(o.metrics_host)
     options: dict[str, Any] = {} if o.data_dir is None else {"datadir": str(o.data_dir)}
-    log.info("metrics at http://%s:%d/metrics, health at /health", o.metrics_host, port)
     return StreamApp(
         o.group,
         broker=faust_broker_url(o.bootstrap_servers),

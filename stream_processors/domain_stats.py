@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.defaults import StreamDefaults
+
 
 @dataclass(slots=True)
 class RunningStats:
@@ -63,7 +65,13 @@ class DomainStats:
         epsilon: added to the standard deviation.
     """
 
-    def __init__(self, *, decay: float = 1.0, warmup: int = 32, epsilon: float = 1e-6) -> None:
+    def __init__(
+        self,
+        *,
+        decay: float = StreamDefaults.domain_decay,
+        warmup: int = StreamDefaults.domain_warmup,
+        epsilon: float = 1e-6,
+    ) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must lie in (0, 1], got decay={decay}")
         if warmup < 2:

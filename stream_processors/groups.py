@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.defaults import StreamDefaults
 from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.validation import TokenArrays
 from stream_processors.verifiers.base import Verdict
@@ -105,7 +106,11 @@ class GroupBuffer:
     """
 
     def __init__(
-        self, *, event_timeout_s: float = 300.0, wall_timeout_s: float = 30.0, remember: int = 100_000
+        self,
+        *,
+        event_timeout_s: float = StreamDefaults.group_event_timeout_s,
+        wall_timeout_s: float = StreamDefaults.group_wall_timeout_s,
+        remember: int = 100_000,
     ):
         if event_timeout_s <= 0 or wall_timeout_s <= 0:
             raise ValueError(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from schemas import DecodeError, TrajectoryCodec
+from schemas.defaults import StreamDefaults
 from schemas.profile import WorkloadProfile, load_profile
 from stream_processors.advantages import group_advantages
 from stream_processors.dead_letters import DeadLetter
@@ -114,7 +115,7 @@ class BatchProcessor:
         codec: TrajectoryCodec | None = None,
         verifiers: DomainVerifiers | VerifierRegistry | None = None,
         profile: WorkloadProfile | None = None,
-        pool_size: int = 2,
+        pool_size: int = StreamDefaults.sandbox_pool_size,
         verifier_pool: VerifierPool | None = None,
         transient_retries: int = 3,
         retry_backoff_s: float = 0.5,

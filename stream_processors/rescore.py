@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable, write_deltalake
 
 from schemas import TrajectoryCodec
+from schemas.defaults import StreamDefaults
 from schemas.tables import RESCORES_SCHEMA
 from stream_processors.exceptions import InvalidRecordError, StreamProcessorError
 from stream_processors.offsets import table_uri
@@ -163,7 +164,7 @@ def rescore(
     bootstrap_servers: str,
     kafka_client: Mapping[str, Any] | None = None,
     table_version: int | None = None,
-    pool_size: int = 2,
+    pool_size: int = StreamDefaults.sandbox_pool_size,
     progress: Callable[[str], None] | None = None,
     storage_options: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 
 import tenacity
 
+from schemas.defaults import StreamDefaults
 from stream_processors.advantages import NO_SIGNAL_STATUSES, GroupNormalization, Member, decide_group
 from stream_processors.attempts import DUPLICATE_ATTEMPT, MIXED_ATTEMPTS, refused
 from stream_processors.dead_letters import DeadLetter, DeadLetters
@@ -55,7 +56,6 @@ from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
 from stream_processors.rows import ScoredTrajectory
 from stream_processors.state import PartitionState, SinkState
-from stream_processors.task_window import DEFAULT_TASK_WINDOW
 
 log = logging.getLogger(__name__)
 
@@ -143,15 +143,15 @@ class Stage:
         executions: ExecutionLog | None = None,
         normalization: GroupNormalization | None = None,
         groups: GroupBuffer | None = None,
-        decay: float = 1.0,
-        warmup: int = 32,
-        commit_bytes: int = 64 * 2**20,
-        commit_interval_s: float = 1.0,
+        decay: float = StreamDefaults.domain_decay,
+        warmup: int = StreamDefaults.domain_warmup,
+        commit_bytes: int = StreamDefaults.commit_mib * 2**20,
+        commit_interval_s: float = StreamDefaults.commit_interval_s,
         idle_commit_s: float = 0.25,
-        write_retries: int = 5,
+        write_retries: int = StreamDefaults.write_retries,
         retry_backoff_s: float = 0.5,
         dedup_window: int = DEFAULT_WINDOW,
-        task_window: int = DEFAULT_TASK_WINDOW,
+        task_window: int = StreamDefaults.task_window,
         background_commits: bool = False,
         observer: StageObserver | None = None,
     ) -> None:

@@ -26,10 +26,11 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from schemas.defaults import StreamDefaults
 from schemas.tables import DEAD_LETTERS_SCHEMA, EXECUTIONS_SCHEMA, TRAJECTORIES_SCHEMA
 from stream_processors.domain_stats import DomainStats, RunningStats, merge
 from stream_processors.offsets import Coordinates, TopicPartition, TxnTable
-from stream_processors.task_window import DEFAULT_TASK_WINDOW, TaskChain, TaskCheckpoint, TaskWindow
+from stream_processors.task_window import TaskChain, TaskCheckpoint, TaskWindow
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,12 @@ class SinkState:
     """
 
     app_id: str
-    decay: float = 1.0
-    warmup: int = 32
+    decay: float = StreamDefaults.domain_decay
+    warmup: int = StreamDefaults.domain_warmup
     partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
     topic_ids: dict[str, str] = field(default_factory=dict)
     last_version: int | None = None
-    task_window: int = DEFAULT_TASK_WINDOW
+    task_window: int = StreamDefaults.task_window
 
     def partition(self, tp: TopicPartition) -> PartitionState:
         """The state of `tp`, empty when nothing was stored."""

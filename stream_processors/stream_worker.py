@@ -74,6 +74,7 @@ class StreamWorker:
     def attach(self, app: faust.App, *, tick_s: float, log_every_s: float) -> None:
         """Register the lanes as tasks, the group timer, the progress log and the web pages."""
         self.app = app
+        app.task(_named("announce_web_server", self.announce_web_server))
         for lane in self.lanes.values():
             app.task(_named(f"lane_{lane.name}", functools.partial(self.run_lane, lane)))
         app.timer(interval=tick_s)(_named("release_timed_out", self.tick))
@@ -164,6 +165,12 @@ class StreamWorker:
         except Exception as exc:
             log.exception("releasing timed-out groups failed; stopping")
             await self.crash(exc)
+
+    async def announce_web_server(self) -> None:
+        """Log where `/metrics` and `/health` answer; a task, so Faust's logging is set up by then."""
+        if self.app is not None:
+            conf = self.app.conf
+            log.info("metrics at http://%s:%d/metrics, health at /health", conf.web_host, conf.web_port)
 
     async def report_progress(self) -> None:
         log.info(

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_TASK_WINDOW = 100_000
-"""Completed task ids remembered per partition (about 8 MB each when full, 1.1 MB as a snapshot)."""
+from schemas.defaults import StreamDefaults
+
 SNAPSHOT_EVERY = 1_000
 """Commits of a partition after which its window is stored whole again."""
 
@@ -54,7 +54,7 @@ class TaskWindow:
         size: task ids remembered; the oldest is forgotten first.
     """
 
-    def __init__(self, size: int = DEFAULT_TASK_WINDOW) -> None:
+    def __init__(self, size: int = StreamDefaults.task_window) -> None:
         if size < 1:
             raise ValueError(f"the task window must hold at least 1 task id, got size={size}")
         self.size = size

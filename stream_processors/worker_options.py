@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from schemas.defaults import StreamDefaults
 from schemas.profile import WorkloadProfile
 from stream_processors.advantages import GroupNormalization
-from stream_processors.task_window import DEFAULT_TASK_WINDOW
 from stream_processors.verifiers import DomainVerifiers, VerifierRegistry
 
 P = ParamSpec("P")
@@ -79,35 +79,35 @@ class WorkerOptions:
     raw_topic: str = "rollouts.raw"
     ultra_topic: str | None = "rollouts.ultra"
     dlq_topic: str = "rollouts.dlq"
-    app_id: str = "rollstream-processor"
+    app_id: str = StreamDefaults.app_id
     group_id: str | None = None
-    batch_size: int = 500
+    batch_size: int = StreamDefaults.batch_size
     ultra_batch_size: int = 4
-    batch_within_s: float = 0.25
+    batch_within_s: float = StreamDefaults.batch_within_s
     raw_partitions: int | None = None
     profile: WorkloadProfile | None = None
     normalization: GroupNormalization | None = None
-    group_event_timeout_s: float = 300.0
-    group_wall_timeout_s: float = 30.0
-    domain_decay: float = 1.0
-    domain_warmup: int = 32
-    task_window: int = DEFAULT_TASK_WINDOW
-    commit_bytes: int = 64 * 2**20
-    commit_interval_s: float = 1.0
+    group_event_timeout_s: float = StreamDefaults.group_event_timeout_s
+    group_wall_timeout_s: float = StreamDefaults.group_wall_timeout_s
+    domain_decay: float = StreamDefaults.domain_decay
+    domain_warmup: int = StreamDefaults.domain_warmup
+    task_window: int = StreamDefaults.task_window
+    commit_bytes: int = StreamDefaults.commit_mib * 2**20
+    commit_interval_s: float = StreamDefaults.commit_interval_s
     raw_buffer_bytes: int = 256 * 2**20
-    session_timeout_s: float = 10.0
+    session_timeout_s: float = StreamDefaults.session_timeout_s
     instance_id: str | None = None
     storage_options: Mapping[str, str] | None = None
     producer_config: Mapping[str, Any] | None = None
     kafka_client: Mapping[str, Any] | None = None
     verifiers: DomainVerifiers | VerifierRegistry | None = None
-    sandbox_pool_size: int = 2
-    verifier_processes: int = 1
-    write_retries: int = 5
+    sandbox_pool_size: int = StreamDefaults.sandbox_pool_size
+    verifier_processes: int = StreamDefaults.verifier_processes
+    write_retries: int = StreamDefaults.write_retries
     log_every_s: float = 10.0
     data_dir: Path | str | None = None
     metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = StreamDefaults.metrics_host
 
     def __post_init__(self) -> None:
         if self.verifier_processes < 0:

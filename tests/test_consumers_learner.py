@@ -25,6 +25,7 @@ from replay_support import PROFILE, make_rows, trainable, write_rows
 from consumers import (
     CheckpointError,
     EmptySnapshotError,
+    LearnerOptions,
     MissingTableError,
     PolicyInputError,
     TinyPolicy,
@@ -34,7 +35,7 @@ from consumers import (
     learn,
     policy_gradient_loss,
 )
-from consumers.replay import load_checkpoint
+from consumers.replay import ReplayConfig, load_checkpoint
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parent.parent
@@ -105,13 +106,9 @@ def test_learn_trains_and_tracks_metrics_lineage_and_profile(
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     lines: list[str] = []
     result = learn(
-        table_uri=uri,
+        ReplayConfig(table_uri=uri, token_budget=512, max_length=96),
+        LearnerOptions(experiment="t", steps=6, kl_coef=0.1),
         tracking_uri=tracking_uri,
-        experiment="t",
-        steps=6,
-        token_budget=512,
-        max_length=96,
-        kl_coef=0.1,
         progress=lines.append,
     )
     assert len(lines) == 6 and lines[-1].startswith("step 6/6 loss=")
@@ -171,14 +168,9 @@ def test_learn_trains_and_tracks_metrics_lineage_and_profile(
     assert list(workdir.iterdir()) == []
 
     again = learn(
-        table_uri=uri,
+        ReplayConfig(table_uri=uri, token_budget=512, max_length=96, start_version=1, end_version=1),
+        LearnerOptions(experiment="t", steps=3),
         tracking_uri=tracking_uri,
-        experiment="t",
-        steps=3,
-        token_budget=512,
-        max_length=96,
-        start_version=1,
-        end_version=1,
     )
     found = client.search_runs([result.experiment_id], "tags.`rollstream.table_versions` = '1-1'")
     assert [r.info.run_id for r in found] == [again.run_id]
@@ -190,34 +182,37 @@ def test_learn_refuses_bad_inputs_clearly(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.chdir(tmp_path)
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.raises(MissingTableError, match="rollstream process"):
-        learn(table_uri=str(tmp_path / "nowhere"), tracking_uri=tracking_uri)
+        learn(ReplayConfig(table_uri=str(tmp_path / "nowhere")), tracking_uri=tracking_uri)
     skipped = [dict(row, verifier_status="skipped") for row in make_rows(5, first=0, seed=3)]
     write_rows(str(tmp_path / "skipped"), skipped)
     with pytest.raises(EmptySnapshotError, match="no row to train on"):
-        learn(table_uri=str(tmp_path / "skipped"), tracking_uri=tracking_uri, token_budget=512, max_length=64)
+        learn(
+            ReplayConfig(str(tmp_path / "skipped"), token_budget=512, max_length=64),
+            tracking_uri=tracking_uri,
+        )
     with pytest.raises(TrackingError, match="no scheme"):
-        learn(table_uri=str(tmp_path / "skipped"), tracking_uri="mlflow.db")
+        learn(ReplayConfig(table_uri=str(tmp_path / "skipped")), tracking_uri="mlflow.db")
     write_rows(str(tmp_path / "wide"), make_rows(20, first=0, seed=4, vocab=40_000, all_trainable=True))
     with pytest.raises(TokenRangeError, match="vocab_size"):
-        learn(table_uri=str(tmp_path / "wide"), tracking_uri=tracking_uri, token_budget=512, max_length=64)
+        learn(
+            ReplayConfig(str(tmp_path / "wide"), token_budget=512, max_length=64), tracking_uri=tracking_uri
+        )
     ok = learn(
-        table_uri=str(tmp_path / "wide"),
+        ReplayConfig(str(tmp_path / "wide"), vocab_size=40_000, token_budget=512, max_length=64),
+        LearnerOptions(steps=1, dim=4),
         tracking_uri=tracking_uri,
-        steps=1,
-        vocab_size=40_000,
-        dim=4,
-        token_budget=512,
-        max_length=64,
     )
     assert ok.steps == 1
 
 
 _LEARNER = """
 import sys
-from consumers import learn
-learn(table_uri=sys.argv[1], tracking_uri=sys.argv[2], experiment="resume", steps=None,
-      token_budget=256, max_length=64, max_uses=1, checkpoint_path=sys.argv[3], checkpoint_every=1,
-      rows_log=sys.argv[4], dim=32, profile_matched=False)
+from consumers import LearnerOptions, learn
+from consumers.replay import ReplayConfig
+learn(ReplayConfig(sys.argv[1], token_budget=256, max_length=64, max_uses=1, profile_matched=False),
+      LearnerOptions(experiment="resume", steps=None, checkpoint_path=sys.argv[3], checkpoint_every=1,
+                     rows_log=sys.argv[4], dim=32),
+      tracking_uri=sys.argv[2])
 """
 
 
@@ -241,18 +236,16 @@ def test_learner_sigkilled_and_resumed_reuses_no_row_beyond_its_setting(lake, tm
     killed_at = len(rows_log.read_text().splitlines())
 
     resumed = learn(
-        table_uri=uri,
+        ReplayConfig(uri, token_budget=256, max_length=64, max_uses=1, profile_matched=False),
+        LearnerOptions(
+            experiment="resume",
+            steps=None,
+            checkpoint_path=checkpoint,
+            checkpoint_every=1,
+            rows_log=rows_log,
+            dim=32,
+        ),
         tracking_uri=tracking_uri,
-        experiment="resume",
-        steps=None,
-        token_budget=256,
-        max_length=64,
-        max_uses=1,
-        checkpoint_path=checkpoint,
-        checkpoint_every=1,
-        rows_log=rows_log,
-        dim=32,
-        profile_matched=False,
     )
     assert 0 < resumed.resumed_from <= killed_at
     lineage: dict[int, list[str]] = {}
@@ -266,15 +259,9 @@ def test_learner_sigkilled_and_resumed_reuses_no_row_beyond_its_setting(lake, tm
     assert MlflowClient(tracking_uri).get_run(resumed.run_id).data.params["max_uses"] == "1"
     with pytest.raises(CheckpointError, match="max_uses"):
         learn(
-            table_uri=uri,
+            ReplayConfig(uri, token_budget=256, max_length=64, max_uses=2, profile_matched=False),
+            LearnerOptions(experiment="resume", checkpoint_path=checkpoint, dim=32),
             tracking_uri=tracking_uri,
-            experiment="resume",
-            checkpoint_path=checkpoint,
-            max_uses=2,
-            token_budget=256,
-            max_length=64,
-            dim=32,
-            profile_matched=False,
         )
 
 

@@ -9,7 +9,7 @@ import pytest
 from metrics_support import parse, value
 from replay_support import make_rows, write_rows
 
-from consumers import learn
+from consumers import LearnerOptions, learn
 from consumers.learner_metrics import LearnerMetrics
 from consumers.replay import ReplayBuffer, ReplayConfig
 from infra.metrics_endpoints import key_figures
@@ -24,14 +24,9 @@ def test_the_buffer_depth_is_the_rows_held_and_every_sampled_row_has_a_staleness
         write_rows(uri, make_rows(100, first=100 * k, seed=k, policy_version=0, all_trainable=True))
     metrics = LearnerMetrics()
     result = learn(
-        table_uri=uri,
+        ReplayConfig(table_uri=uri, token_budget=512, max_length=96, capacity_rows=150, max_lag=8),
+        LearnerOptions(experiment="t", steps=3),
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-        experiment="t",
-        steps=3,
-        token_budget=512,
-        max_length=96,
-        capacity_rows=150,
-        max_lag=8,
         metrics=metrics,
     )
     text = exposition(metrics.registry)[0].decode()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from metrics_support import status_metrics
 from prometheus_client.parser import text_string_to_metric_families
-from stream_support import REPO, publish, stop_worker, table_rows
+from stream_support import REPO, publish, start_worker, stop_worker, table_rows
 
 from producers.fleet import SyntheticFleet
 from schemas import TrajectoryCodec
@@ -158,3 +158,19 @@ def test_scraped_lag_rows_dead_letters_and_health(bootstrap_servers, make_topic,
         code = stop_worker(proc, log) if proc.poll() is None else proc.returncode
     assert code == 0, log.read_text()[-3000:]
     assert not list((state / "metrics").glob("*.json")), "a clean stop removes the registration"
+
+
+def test_rollstream_process_serves_metrics_on_the_stream_settings_port(
+    bootstrap_servers, make_topic, tmp_path
+):
+    raw, dlq = make_topic("stream-raw", partitions=1), make_topic("stream-dlq", partitions=1)
+    port, log = free_port(), tmp_path / "worker.log"
+    extra = ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+    proc = start_worker(bootstrap_servers, tmp_path / "lake", raw, dlq, raw, raw, log, extra=extra)
+    try:
+        poll("ready", lambda: health(port)[0] == 200, proc, log)
+        assert ("rollstream_stream_groups_pending", ()) in scrape(port)
+        assert f"metrics at http://127.0.0.1:{port}/metrics" in log.read_text()
+    finally:
+        code = stop_worker(proc, log) if proc.poll() is None else proc.returncode
+    assert code == 0, log.read_text()[-3000:]

@@ -20,8 +20,7 @@ from torch import nn
 
 from consumers.exceptions import PolicyInputError
 from consumers.policies.base import PackedIndex, check_packed, check_padded
-
-DEFAULT_VOCAB_SIZE = 32_768
+from schemas.defaults import DEFAULT_VOCAB_SIZE
 
 
 class TinyPolicy(nn.Module):

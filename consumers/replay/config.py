@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consumers.policy import DEFAULT_VOCAB_SIZE
 from consumers.replay.collate import Layout
 from consumers.replay.limiters import RateLimiter, SampleToInsertRatio
 from consumers.replay.samplers import (
@@ -21,6 +20,7 @@ from consumers.replay.samplers import (
     StalenessSampler,
 )
 from consumers.replay.storage import Eviction
+from schemas.defaults import DEFAULT_SEED, DEFAULT_VOCAB_SIZE, ReplayDefaults
 from schemas.profile import WorkloadProfile, load_profile
 
 
@@ -55,38 +55,38 @@ class ReplayConfig:
         poll_interval_s: how often the table is checked for new versions.
         sample_timeout_s: how long a sample waits for rows before `RateLimitTimeout`.
         shard / num_shards: this reader's share of the files (set per rank x worker).
-        seed: seeds the draws.
+        seed: seeds the draws (and, in `learn`, torch: the policy's initial weights).
         storage_options: passed to deltalake and polars for object stores.
     """
 
     table_uri: str
-    start_version: int = 0
+    start_version: int = ReplayDefaults.start_version
     end_version: int | None = None
-    follow: bool = False
-    token_budget: int = 16_384
-    max_length: int = 2048
-    layout: Layout = "padded"
+    follow: bool = ReplayDefaults.follow
+    token_budget: int = ReplayDefaults.token_budget
+    max_length: int = ReplayDefaults.max_length
+    layout: Layout = ReplayDefaults.layout
     capacity_rows: int | None = None
-    capacity_tokens: int | None = 8_000_000
-    eviction: Eviction = "oldest"
+    capacity_tokens: int | None = ReplayDefaults.capacity_tokens
+    eviction: Eviction = ReplayDefaults.eviction
     statuses: tuple[str, ...] = ("ok", "fail")
     vocab_size: int = DEFAULT_VOCAB_SIZE
     max_uses: int | None = None
     max_lag: int | None = None
     half_life: float | None = None
     priority_alpha: float | None = None
-    profile_matched: bool = True
+    profile_matched: bool = ReplayDefaults.profile_matched
     profile_path: str | None = None
     samples_per_insert: float | None = None
     error_buffer: float = 1024.0
-    min_size: int = 1
+    min_size: int = ReplayDefaults.min_size
     pool_batches: int = 16
     max_waste: float = 0.05
     poll_interval_s: float = 0.5
     sample_timeout_s: float = 120.0
     shard: int = 0
     num_shards: int = 1
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     storage_options: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -120,59 +120,33 @@ def process(
 
         return run_workers(worker_argv(INVOCATION), workers)
     settings = common.settings()
-    from schemas.profile import load_profile
-    from stream_processors import create_app, run_worker
-    from stream_processors.advantages import GroupNormalization, OverlongPenalty
+    from dataclasses import replace
 
-    stream = settings.stream
-    group = stream.group_id or stream.app_id
-    app = create_app(
+    from infra.cli.stage_options import keywords, worker_options
+    from stream_processors import create_app, run_worker
+
+    configured = worker_options(settings)
+    options = replace(
+        configured,
         verifiers=_verifiers(settings),
-        sandbox_pool_size=settings.sandbox.pool_size,
-        verifier_processes=stream.verifier_processes,
-        bootstrap_servers=settings.bootstrap_servers,
-        kafka_client=settings.kafka_client,
-        lake_dir=settings.lake_uri,
-        storage_options=settings.delta_storage_options(),
-        raw_topic=settings.raw_topic,
-        ultra_topic=settings.ultra_topic if stream.ultra else None,
-        dlq_topic=settings.dlq_topic,
-        app_id=stream.app_id,
-        group_id=stream.group_id,
-        batch_size=stream.batch_size,
-        batch_within_s=stream.batch_within,
-        write_retries=stream.write_retries,
-        profile=load_profile(settings.profile_path or None),
-        normalization=GroupNormalization(
-            mode=stream.advantage,
-            per_component=stream.per_component,
-            band_pass=stream.band_pass,
-            overlong=OverlongPenalty(*stream.overlong) if stream.overlong else None,
-        ),
-        group_event_timeout_s=stream.group_timeout,
-        group_wall_timeout_s=stream.group_wall_timeout,
-        domain_decay=stream.domain_decay,
-        domain_warmup=stream.domain_warmup,
-        commit_bytes=stream.commit_mb * 2**20,
-        commit_interval_s=stream.commit_interval,
-        session_timeout_s=stream.session_timeout,
-        task_window=stream.task_window,
-        instance_id=_instance_id(instance_id, worker_index, group),
+        instance_id=_instance_id(instance_id, worker_index, configured.group),
         data_dir=settings.state_dir / ("faust" if worker_index is None else f"faust-{worker_index}"),
+        metrics_port=_metrics_port(configured.metrics_port, worker_index),
     )
+    app = create_app(**keywords(options))
     import threading
 
     from infra.metrics_endpoints import register_when_serving, registration_path, unregister
     from infra.progress_bars import Bars, bars_wanted, follow_catch_up
     from infra.watch import group_lag
 
-    topics = (settings.raw_topic, settings.ultra_topic) if stream.ultra else (settings.raw_topic,)
+    topics = tuple(options.topics)
     stop = threading.Event()
     register_when_serving(app, settings.state_dir)
     with Bars(enabled=bars_wanted() and not no_progress) as bars:
         follow_catch_up(
             bars,
-            lambda: group_lag(settings.bootstrap_servers, topics, group, settings.kafka_client),
+            lambda: group_lag(settings.bootstrap_servers, topics, options.group, settings.kafka_client),
             stop=stop,
         )
         try:
@@ -185,6 +159,11 @@ def process(
 
 def _exit_before_start(signum: int, _frame: object) -> None:
     raise SystemExit(0)
+
+
+def _metrics_port(port: int | None, worker_index: int | None) -> int | None:
+    """Worker i's metrics port: ``metrics_port + i`` (None: a free one)."""
+    return None if port is None else port + (worker_index or 0)
 
 
 def _instance_id(given: str | None, worker_index: int | None, group: str) -> str | None:
@@ -219,6 +198,7 @@ def rescore(
         verifier_version=verifier_version,
         table_version=table_version,
         verifiers=_verifiers(settings),
+        pool_size=settings.sandbox.pool_size,
         bootstrap_servers=settings.bootstrap_servers,
         kafka_client=settings.kafka_client,
         progress=progress,
@@ -236,7 +216,7 @@ def rescore(
 def learn(
     common: Common,
     vocab_size: Annotated[
-        int | None, typer.Option("--vocab-size", help="default: the vocab_size setting (32768)")
+        int | None, typer.Option("--vocab-size", help="default: the vocab_size setting")
     ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bars (logs, CI)")] = False,
     metrics_port: Annotated[
@@ -258,14 +238,16 @@ def learn(
     from consumers import learn as run_learn
     from consumers.learner_metrics import LearnerMetrics
     from consumers.versioning import PublishOptions
+    from infra.cli.stage_options import learner_options, replay_config
     from infra.metrics_endpoints import registered, url_for
     from infra.progress_bars import Bars, bars_wanted
     from schemas.metrics import serve_metrics
 
     if metrics_port is not None and not 0 <= metrics_port < 65536:
         raise UsageError(f"--metrics-port {metrics_port}; give a port, 0 for a free one, or leave it out")
-    learner, replay = settings.learner, settings.replay
-    steps = learner.steps if learner.steps is not None else (None if replay.follow else 20)
+    if vocab_size is not None:
+        settings = settings.replace(vocab_size=vocab_size)
+    learner = settings.learner
     publish = None
     if learner.publish_every is not None:
         publish = PublishOptions(
@@ -275,9 +257,6 @@ def learn(
             model_name=learner.register_model,
             kafka_config=settings.kafka_config() if learner.announce else None,
         )
-    options = learner.model_dump(
-        exclude={"steps", "checkpoint", "publish_every", "register_model", "announce"}
-    )
     bars = Bars(enabled=bars_wanted() and not no_progress)
     metrics = LearnerMetrics()
     server = None if metrics_port is None else serve_metrics(metrics.registry, port=metrics_port)
@@ -290,20 +269,14 @@ def learn(
                 registered(settings.state_dir, "learner", url_for("127.0.0.1", server.port))
             )
         result = run_learn(
-            table_uri=settings.lake_table_uri("trajectories"),
-            storage_options=settings.delta_storage_options(),
+            replay_config(settings),
+            learner_options(settings),
             tracking_uri=settings.tracking_uri,
-            steps=steps,
-            checkpoint_path=learner.checkpoint,
             publish=publish,
             progress=bars.line,
             on_step=lambda step, total: bars.advance("learn", step, total),
             stop=stop,
             metrics=metrics,
-            vocab_size=vocab_size or settings.vocab_size,
-            profile_path=settings.profile_path or None,
-            **options,
-            **replay.model_dump(),
         )
     print(json.dumps(result.as_dict()))
     return 0

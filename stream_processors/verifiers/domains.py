@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from schemas.defaults import StreamDefaults
 from schemas.domains import DomainRegistry, DomainSpec, default_domains
 from stream_processors.exceptions import DomainMismatchError, UnknownDomainError, UnknownTaskTypeError
 from stream_processors.sandbox import EMPTY, EnvironmentStore, Limits, Sandbox
@@ -55,7 +56,7 @@ class DomainVerifiers:
         *,
         sandbox: Sandbox | None = None,
         environments: EnvironmentStore | None = None,
-        unknown_domains: str = "dead-letter",
+        unknown_domains: str = StreamDefaults.unknown_domains,
         versions: Mapping[str, str] | None = None,
         overrides: Mapping[str, Verifier] | None = None,
     ) -> None:

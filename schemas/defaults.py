@@ -1,0 +1,71 @@
+"""The defaults a stage's library options share with its settings section, each declared once.
+
+The stages' options (`stream_processors.WorkerOptions` and the parts it configures,
+`consumers.ReplayConfig`, `consumers.LearnerOptions`) and the sections of `infra/settings_sections.py`
+both read them here, where every room may import them: a library call without settings and a
+command with default settings do the same thing. A default of None (off, or derived from another
+option) belongs to the option's type and is not repeated here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DEFAULT_VOCAB_SIZE: Final = 32_768
+"""The tokenizer's vocabulary: token ids lie in [0, vocab_size)."""
+DEFAULT_SEED: Final = 0
+"""Seeds the learner's initial weights and the replay buffer's draws (one setting feeds both)."""
+
+
+class StreamDefaults:
+    """The stream stage: `WorkerOptions` and the `[stream]` and `[sandbox]` settings."""
+
+    app_id: Final = "rollstream-processor"
+    batch_size: Final = 500
+    batch_within_s: Final = 0.25
+    write_retries: Final = 5
+    advantage: Final = "grpo"
+    per_component: Final = False
+    group_event_timeout_s: Final = 300.0
+    group_wall_timeout_s: Final = 30.0
+    domain_decay: Final = 1.0
+    domain_warmup: Final = 32
+    commit_mib: Final = 64
+    commit_interval_s: Final = 1.0
+    session_timeout_s: Final = 10.0
+    task_window: Final = 100_000
+    """Completed task ids remembered per partition (about 8 MB each when full, 1.1 MB as a snapshot)."""
+    verifier_processes: Final = 1
+    unknown_domains: Final = "dead-letter"
+    sandbox_pool_size: Final = 2
+    metrics_host: Final = "127.0.0.1"
+
+
+class ReplayDefaults:
+    """The replay buffer: `ReplayConfig` and the `[replay]` settings."""
+
+    start_version: Final = 0
+    follow: Final = False
+    token_budget: Final = 16_384
+    max_length: Final = 2048
+    layout: Final = "padded"
+    profile_matched: Final = True
+    min_size: Final = 1
+    capacity_tokens: Final = 8_000_000
+    eviction: Final = "oldest"
+
+
+class LearnerDefaults:
+    """The learner: `LearnerOptions` (and the `LossOptions` it builds) and the `[learner]` settings."""
+
+    experiment: Final = "rollstream"
+    steps: Final = 20
+    policy: Final = "tiny"
+    dim: Final = 64
+    objective: Final = "decoupled_ppo"
+    aggregation: Final = "grpo"
+    lr: Final = 1e-3
+    clip_epsilon: Final = 0.2
+    kl_coef: Final = 0.0
+    device: Final = "cpu"
+    checkpoint_every: Final = 10
