@@ -24,5 +24,9 @@ cleanup() {
 trap cleanup EXIT
 echo "== rollstream up (state in $state)"
 rollstream up
-echo "== pytest"
-pytest "$@"
+# Two pytest-xdist workers by default (ROLLSTREAM_TEST_WORKERS; 0 runs in this process), each
+# taking a whole file at a time, so a file's module fixtures start once; tests/conftest.py starts
+# the slowest files first. Most tests wait on brokers and subprocesses, so two share 2 cores well.
+workers="${ROLLSTREAM_TEST_WORKERS:-2}"
+echo "== pytest ($workers workers)"
+pytest -n "$workers" --dist loadscope "$@"

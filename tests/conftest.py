@@ -16,6 +16,22 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order files by the seconds their `slow(seconds)` tests declare, most first; the rest keep
+    their order after them.
+
+    `infra/test.sh` runs the suite on pytest-xdist workers, a file at a time each (``--dist
+    loadscope``): starting the long files first lets the short ones fill in beside them.
+    """
+    seconds: dict[str, float] = {}
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is not None:
+            path = item.nodeid.split("::")[0]
+            seconds[path] = seconds.get(path, 0.0) + float(marker.args[0])
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
+
+
 @pytest.fixture(scope="session")
 def bootstrap_servers() -> str:
     servers = os.environ.get("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9092")

@@ -216,6 +216,7 @@ learn(ReplayConfig(sys.argv[1], token_budget=256, max_length=64, max_uses=1, pro
 """
 
 
+@pytest.mark.slow(44)
 def test_learner_sigkilled_and_resumed_reuses_no_row_beyond_its_setting(lake, tmp_path: Path) -> None:
     uri, rows = lake
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -265,6 +266,7 @@ def test_learner_sigkilled_and_resumed_reuses_no_row_beyond_its_setting(lake, tm
         )
 
 
+@pytest.mark.slow(51)
 def test_cli_learn_follow_keeps_training_as_the_table_grows_until_sigterm(tmp_path: Path) -> None:
     lake_dir = tmp_path / "lake"
     uri = str(lake_dir / "trajectories")

@@ -44,6 +44,7 @@ def test_two_gloo_ranks_read_disjoint_rows_covering_the_table(tmp_path: Path) ->
     assert result["total"] == len(first) + len(second)
 
 
+@pytest.mark.slow(53)
 def test_rss_stays_flat_while_the_table_grows_tenfold(tmp_path: Path) -> None:
     uri = str(tmp_path / "trajectories")
     rows_per_append, mean_length, appends = 400, 1024, 10

@@ -76,6 +76,7 @@ def test_bad_queries_are_one_clear_line(lake, sql, versions, message):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow(30)
 def test_cli_sql_formats_and_errors(lake, tmp_path):
     env_lake = {"ROLLSTREAM_LAKE_URI": str(lake), "ROLLSTREAM_STATE_DIR": str(tmp_path / "state")}
 

@@ -13,9 +13,11 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 from mlflow.tracking import MlflowClient
 
 
+@pytest.mark.slow(56)
 def test_demo_accounts_for_every_trajectory(tmp_path: Path, bootstrap_servers: str) -> None:
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import polars as pl
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
+from stack_support import free_port_block
 from stream_support import start_worker, stop_worker, table_rows, wait_for
 
 from infra import services
@@ -32,19 +32,6 @@ from schemas import TrajectoryCodec
 
 pytestmark = pytest.mark.timeout(600)
 TRAJECTORIES = 20_000
-
-
-def free_port_block(size: int) -> int:
-    """A base port whose next `size` ports are all free now."""
-    for base in range(39600, 40000, size):
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no block of free loopback ports in 39600-39999")
 
 
 @pytest.fixture
@@ -65,6 +52,7 @@ def cluster(tmp_path: Path) -> Iterator[Settings]:
         services.down(settings)
 
 
+@pytest.mark.slow(155)
 def test_cluster_replicates_and_survives_a_killed_node(cluster: Settings, tmp_path: Path):
     nodes = broker_statuses(cluster)
     assert len(nodes) == 3 and all(n.running for n in nodes)

@@ -59,6 +59,7 @@ def stack(tmp_path: Path) -> Iterator[Settings]:
     services.down(settings, progress=lambda _: None)
 
 
+@pytest.mark.slow(124)
 @pytest.mark.timeout(240)
 def test_up_status_down_twice_on_the_same_storage(stack: Settings) -> None:
     messages: list[str] = []

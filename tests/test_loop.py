@@ -34,6 +34,7 @@ def _pooled(group_means: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
+@pytest.mark.slow(147)
 def test_the_loop_raises_the_reward_and_accounts_for_every_task(bootstrap_servers):
     settings = Settings.load()
     summary = run_loop(settings, OPTIONS, progress=print)

@@ -63,6 +63,7 @@ class Killer:
         print(f"SIGKILL {name} (pid {view.pids[name]}) at version {view.version}")
 
 
+@pytest.mark.slow(129)
 def test_the_loop_survives_a_sigkilled_rollout_worker_and_learner(bootstrap_servers):
     killer = Killer()
     started = time.monotonic()

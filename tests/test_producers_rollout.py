@@ -125,6 +125,7 @@ def test_200_tasks_of_two_priorities_become_one_group_each_exactly_as_the_server
     }
 
 
+@pytest.mark.slow(34)
 @pytest.mark.timeout(240)
 def test_a_worker_killed_at_each_moment_loses_no_task_and_the_table_keeps_one_group_per_task(
     admin: AdminClient, bootstrap_servers: str, served: Served, tmp_path: Path, group_name: Any

@@ -128,6 +128,7 @@ def _merged_stats(lake) -> dict[str, list[float]]:
     return {k: v.as_list() for k, v in sorted(merge(p.stats for p in parts.values()).items())}
 
 
+@pytest.mark.slow(91)
 def test_groups_across_lanes_and_sigkills(bootstrap_servers, make_topic, group_name, tmp_path):
     raw = make_topic("groups-raw", partitions=4)
     ultra = make_topic("groups-ultra", partitions=2, config={"max.message.bytes": "67108864"})

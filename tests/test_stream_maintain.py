@@ -22,6 +22,7 @@ APP_ID = "maintain-e2e"
 NON_CODE = ("math", "extraction", "precomputed")  # no sandbox runs: upkeep is what this test is about
 
 
+@pytest.mark.slow(39)
 def test_maintain_while_the_processor_writes_loses_and_doubles_nothing(
     bootstrap_servers, make_topic, group_name, tmp_path
 ):

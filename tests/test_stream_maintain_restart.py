@@ -92,6 +92,7 @@ class PtyProcess:
         return code
 
 
+@pytest.mark.slow(49)
 def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
     bootstrap_servers, make_topic, group_name, tmp_path, monkeypatch, capsys
 ):

@@ -75,6 +75,7 @@ def malformed(codec: TrajectoryCodec, good: dict) -> list[tuple[str, bytes]]:
     ]
 
 
+@pytest.mark.slow(43)
 def test_worker_writes_every_message_exactly_once(bootstrap_servers, make_topic, group_name, tmp_path):
     raw = make_topic("stream-raw", partitions=RAW_PARTITIONS)
     dlq = make_topic("stream-dlq", partitions=1)
@@ -208,6 +209,7 @@ def offsets_never_ahead_of_delta(bootstrap_servers: str, group: str, raw: str, t
         assert offset < 0 or (stored is not None and offset <= stored + 1), (part, offset, stored)
 
 
+@pytest.mark.slow(40)
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_worker_stopped_mid_stream_resumes_exactly_once(

@@ -28,6 +28,7 @@ TRAJECTORIES = 2_400
 OUTAGE_S = 20
 
 
+@pytest.mark.slow(78)
 def test_the_worker_rides_out_a_broker_outage(tmp_path):
     settings = private_settings(tmp_path / "state")
     services.up(settings, mlflow_server=False, progress=lambda _: None)

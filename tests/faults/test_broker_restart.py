@@ -57,6 +57,7 @@ def _read_ids(bootstrap: str, partitions: int) -> list[str]:
     return ids
 
 
+@pytest.mark.slow(58)
 def test_a_broker_killed_mid_publish_loses_and_doubles_nothing(tmp_path: Path) -> None:
     settings = private_settings(tmp_path / "state")
     services.up(settings, mlflow_server=False, progress=lambda _: None)

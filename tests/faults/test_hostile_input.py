@@ -78,6 +78,7 @@ class RssProbe:
         self._thread.join()
 
 
+@pytest.mark.slow(40)
 def test_hostile_messages_are_dead_letters_and_the_worker_keeps_going(
     bootstrap_servers, make_topic, group_name, tmp_path
 ):

@@ -43,6 +43,7 @@ RESENDS = 60
 STARTUP_KILL_EVERY = 5
 
 
+@pytest.mark.slow(155)
 def test_twenty_sigkills_change_nothing(bootstrap_servers, make_topic, group_name, tmp_path):
     raw = make_topic("kills-raw", partitions=4)
     ultra = make_topic("kills-ultra", partitions=2, config={"max.message.bytes": "67108864"})
