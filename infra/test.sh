@@ -25,8 +25,10 @@ trap cleanup EXIT
 echo "== rollstream up (state in $state)"
 rollstream up
 # Two pytest-xdist workers by default (ROLLSTREAM_TEST_WORKERS; 0 runs in this process), each
-# taking a whole file at a time, so a file's module fixtures start once; tests/conftest.py starts
-# the slowest files first. Most tests wait on brokers and subprocesses, so two share 2 cores well.
+# taking a whole file at a time, so a file's module fixtures start once; tests/conftest.py puts the
+# slowest files first and --no-loadscope-reorder keeps that order (xdist would sort files by their
+# number of tests). Most tests wait on brokers and subprocesses, so two share 2 cores well. The
+# tests run at a lower priority than the suite's broker, which every test needs answering.
 workers="${ROLLSTREAM_TEST_WORKERS:-2}"
 echo "== pytest ($workers workers)"
-pytest -n "$workers" --dist loadscope "$@"
+nice -n 5 pytest -n "$workers" --dist loadscope --no-loadscope-reorder "$@"
