@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import FINISHED, PENDING
+from concurrent.futures._base import FINISHED, PENDING, _Waiter
 from dataclasses import dataclass
 
 from producers.exceptions import DeliveryError
@@ -57,14 +57,16 @@ _MAKING = threading.Lock()
 
 
 class DeliveryFuture(Future[DeliveryResult]):
-    """A `concurrent.futures.Future` whose condition is made only when something waits on it.
+    """A `concurrent.futures.Future` whose condition and lists are made only when something waits.
 
-    Future() makes a Condition (with its lock and bound methods: 8 objects the cyclic garbage
-    collector tracks) at once. With thousands of messages in flight, those live long enough to be
-    promoted, and full collections then traverse the caller's whole heap more often: about a
-    quarter of a 1 KB publish's CPU here (docs/producers.md, Benchmarks). This future makes its
-    condition when first asked for it (result, wait, as_completed, add_done_callback, cancel,
-    ...); settling one that nobody waits on needs none. Behaves as a Future in every respect.
+    Future() makes a Condition (with its lock and bound methods) and two lists at once: 11
+    objects the cyclic garbage collector tracks. With thousands of messages in flight, those live
+    long enough to be promoted, and full collections then traverse the caller's whole heap more
+    often: about a quarter of a 1 KB publish's CPU here (docs/producers.md, Benchmarks). This
+    future makes its condition when first asked for it (result, wait, as_completed,
+    add_done_callback, cancel, ...), and its waiters and callbacks lists when first used (always
+    under that condition); settling one that nobody waits on needs none of them. Behaves as a
+    Future in every respect.
     """
 
     def __init__(self) -> None:  # Future.__init__'s state (Python 3.11), but for the condition
@@ -72,8 +74,8 @@ class DeliveryFuture(Future[DeliveryResult]):
         self._state = PENDING
         self._result = None
         self._exception = None
-        self._waiters = []
-        self._done_callbacks: list[Callable[[Future[DeliveryResult]], object]] = []
+        self._waiting: list[_Waiter] | None = None
+        self._callbacks: list[Callable[[Future[DeliveryResult]], object]] | None = None
 
     @property
     def _condition(self) -> threading.Condition:
@@ -88,6 +90,26 @@ class DeliveryFuture(Future[DeliveryResult]):
     @_condition.setter
     def _condition(self, value: threading.Condition) -> None:
         self._made = value
+
+    @property
+    def _waiters(self) -> list[_Waiter]:  # Future only reads it holding the condition
+        if self._waiting is None:
+            self._waiting = []
+        return self._waiting
+
+    @_waiters.setter
+    def _waiters(self, value: list[_Waiter]) -> None:
+        self._waiting = value
+
+    @property
+    def _done_callbacks(self) -> list[Callable[[Future[DeliveryResult]], object]]:
+        if self._callbacks is None:  # appended to holding the condition; read once finished
+            self._callbacks = []
+        return self._callbacks
+
+    @_done_callbacks.setter
+    def _done_callbacks(self, value: list[Callable[[Future[DeliveryResult]], object]]) -> None:
+        self._callbacks = value
 
     def set_result(self, result: DeliveryResult) -> None:
         if not self._settle_unwatched(result, None):
