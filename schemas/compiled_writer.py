@@ -1,9 +1,9 @@
 """A record schema compiled to one Python function that writes its Avro binary body.
 
 fastavro's writer works out each field's type, and tries the branches of each union in turn, on
-every call: 20 to 35 µs of CPU for a 1 KB trajectory here, the largest part of a publish's own
-work after the garbage collector. The compiled function runs straight through the schema's
-fields instead: 9 to 13 µs for the same records (docs/producers.md, Benchmarks).
+every call: 20 to 35 µs of CPU for a 1 KB trajectory here, about a quarter of a publish's. The
+compiled function runs straight through the schema's fields instead: 9 to 13 µs for the same
+records (docs/producers.md, Benchmarks).
 
 It covers the types the contract uses: string, bytes, int, long, double, long timestamp-millis,
 map, array, record, and a union of null with one of those; `compile_writer` returns None for a
