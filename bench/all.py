@@ -52,11 +52,11 @@ BENCHES = (
     Bench("codec", "packed decode", "Avro arrays decode", "decodes", quick=("--repeats", "300")),
     Bench(
         "sink",
-        "DeltaSink append",
+        "BatchProcessor + DeltaSink (code tasks precomputed)",
         "write_deltalake",
         "rows",
-        default=("--trajectories", "1000"),
-        quick=("--trajectories", "300", "--rounds", "2"),
+        default=("--trajectories", "10000"),
+        quick=("--trajectories", "2000", "--rounds", "2", "--code-trajectories", "50"),
     ),
     Bench(
         "process",

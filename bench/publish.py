@@ -17,7 +17,9 @@ acknowledgement (start-up, producer creation and reading the input excluded on e
   (letters compress better under zstd than token ids), not in the ratio.
 
 Sides alternate over `--rounds` (bench/rounds.py); per size, ratio = our MB/s / java's MB/s, the
-median over rounds. The top-level `ratio` is the 8 KB one.
+median over rounds. The top-level `ratio` is the 8 KB one. Per size, `ours_cpu_us_per_record` is
+our process's CPU per message over the window (the caller's thread, librdkafka's and the
+delivery thread); `java_cpu_us_per_record` the whole JVM's, its start-up included.
 
 Starts its own broker on free loopback ports unless ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS names one.
 
@@ -325,6 +327,12 @@ def main() -> None:
                         statistics.median(s.extra["avg_latency_ms"] for s in samples["pp"]), 1
                     ),
                     ours_records_per_s=round(result["ours_per_s"] / (value_bytes + key_bytes), 1),
+                    ours_cpu_us_per_record=round(
+                        1e6 * statistics.median(x.cpu_s for x in samples["ours"]) / count, 1
+                    ),
+                    java_cpu_us_per_record=round(
+                        1e6 * statistics.median(x.cpu_s for x in samples["java"]) / count, 1
+                    ),
                     ours_zstd_fraction=zstd_fraction(b"".join(values[: max(200, 2_000_000 // size)])),
                     pp_zstd_fraction=zstd_fraction(letters(max(200, 2_000_000 // size) * size)),
                 )

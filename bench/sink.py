@@ -1,5 +1,10 @@
 """Cost of the stream stage from Kafka bytes to a Delta commit, against a raw Delta append.
 
+Messages: the synthetic fleet with its code tasks made precomputed (`producers.fleet.without_code`,
+same rewards), as bench/process.py's main figure: a code task's verdict is a sandboxed run of
+its tests, tens of milliseconds each, which would make the ratio a measure of the sandbox
+(bench/score.py measures it) rather than of the stage's own work.
+
 Ours: `BatchProcessor.process` (decode, validate, verify, bucket, normalize) then `DeltaSink.write`
 (Arrow build, append with the offsets as Delta txn versions in the same commit), batch by batch,
 into a fresh table. Baseline: the very rows ours produced, built into Arrow tables beforehand
@@ -11,7 +16,11 @@ validation, verification and offset bookkeeping add on top of the write. Rounds 
 (bench/rounds.py); ratio = the median of our rows per second / the baseline's. No broker needed.
 arrow_build_s: a warm, separate build of the baseline's tables, i.e. ours_write_s's share in Arrow.
 
-    python bench/sink.py [--trajectories 20000] [--batch-size 500] [--rounds 3] [--json]
+Beside the ratio, not in it: ours_with_code_per_s, one run of ours on `--code-trajectories` fleet
+messages with their code tasks kept (verified in the bubblewrap sandbox); 0 skips it.
+
+    python bench/sink.py [--trajectories 20000] [--batch-size 500] [--rounds 3]
+                         [--code-trajectories 200] [--json]
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,7 +38,8 @@ from deltalake import WriterProperties, write_deltalake
 from rounds import Sample, alternate, cpu_seconds, emit, load_average, summary
 
 from producers import SyntheticFleet
-from schemas import TrajectoryCodec
+from producers.fleet import without_code
+from schemas import TrajectoryCodec, TrajectoryRecord
 from schemas.profile import load_profile
 from stream_processors.delta_sink import DeltaSink, trajectories_table, writer_properties
 from stream_processors.offsets import Coordinates
@@ -59,18 +70,36 @@ def main() -> None:
     parser.add_argument(
         "--rounds", "--repeats", dest="repeats", type=int, default=3, help="alternated rounds"
     )
+    parser.add_argument(
+        "--code-trajectories",
+        type=int,
+        default=200,
+        help="one run of ours on fleet messages with sandboxed code tasks, beside the ratio (0: skip)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     codec = TrajectoryCodec()
-    messages: list[SourceMessage] = []
-    token_bytes = 0
-    for i, record in enumerate(SyntheticFleet(seed=args.seed).trajectories(args.trajectories)):
-        token_bytes += sum(len(record[f]) for f in ("prompt_tokens", "response_tokens", "response_logprobs"))
-        coordinates = Coordinates(TOPIC, i % PARTITIONS, i // PARTITIONS)
-        messages.append(SourceMessage(coordinates, record["group_id"].encode(), codec.encode(record)))
+
+    def encoded(records: Iterable[TrajectoryRecord]) -> list[SourceMessage]:
+        return [
+            SourceMessage(
+                Coordinates(TOPIC, i % PARTITIONS, i // PARTITIONS), r["group_id"].encode(), codec.encode(r)
+            )
+            for i, r in enumerate(records)
+        ]
+
+    def batched(messages: list[SourceMessage]) -> list[list[SourceMessage]]:
+        return [messages[i : i + args.batch_size] for i in range(0, len(messages), args.batch_size)]
+
+    records = list(without_code(SyntheticFleet(seed=args.seed).trajectories(args.trajectories)))
+    token_bytes = sum(
+        len(r[f]) for r in records for f in ("prompt_tokens", "response_tokens", "response_logprobs")
+    )
+    messages = encoded(records)
+    del records
     n = len(messages)
-    batches = [messages[i : i + args.batch_size] for i in range(0, n, args.batch_size)]
+    batches = batched(messages)
     payload_mb, message_mb = token_bytes / 1e6, sum(len(m.value or b"") for m in messages) / 1e6
 
     processor = BatchProcessor()
@@ -86,7 +115,8 @@ def main() -> None:
     build_s = time.perf_counter() - start
     del processed
 
-    def ours() -> tuple[float, float, float]:
+    def ours(batches: list[list[SourceMessage]]) -> tuple[float, float, float]:
+        n = sum(len(batch) for batch in batches)
         with tempfile.TemporaryDirectory(prefix="bench-sink-ours-") as tmp:
             uri = Path(tmp) / "trajectories"
             sink = DeltaSink(uri, app_id="bench")
@@ -120,7 +150,7 @@ def main() -> None:
 
     def our_side(index: int) -> Sample:
         cpu0 = cpu_seconds()
-        total, process_s, write_s = ours()
+        total, process_s, write_s = ours(batches)
         parts.append((process_s, write_s))
         return Sample(items=n, seconds=total, cpu_s=cpu_seconds() - cpu0)
 
@@ -145,6 +175,17 @@ def main() -> None:
         batch_size=args.batch_size,
         batches=len(batches),
     )
+    if args.code_trajectories:
+        with_code = list(SyntheticFleet(seed=args.seed + 2000).trajectories(args.code_trajectories))
+        code_share = sum(r["task_type"] == "code" for r in with_code) / len(with_code)
+        code_batches = batched(encoded(with_code))
+        total, process_s, _ = ours(code_batches)
+        result.update(
+            ours_with_code_per_s=round(len(with_code) / total, 1),
+            ours_with_code_process_s=round(process_s, 3),
+            code_trajectories=len(with_code),
+            code_share=round(code_share, 3),
+        )
     emit(result, args.json)
 
 

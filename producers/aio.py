@@ -67,6 +67,29 @@ class _Settler:
                 future.set_exception(result.error)
 
 
+class _Handoff:
+    """One message's result, on a delivery thread: to its settler, then to the caller's `on_delivery`.
+
+    A slotted object rather than a closure: fewer objects per message in flight for the caller's
+    garbage collector (see `producers.delivery.DeliveryFuture`).
+    """
+
+    __slots__ = ("future", "on_delivery", "settler")
+
+    def __init__(
+        self,
+        settler: _Settler,
+        future: asyncio.Future[DeliveryResult],
+        on_delivery: DeliveryCallback | None,
+    ) -> None:
+        self.settler, self.future, self.on_delivery = settler, future, on_delivery
+
+    def __call__(self, result: DeliveryResult) -> None:
+        self.settler.add(self.future, result)
+        if self.on_delivery is not None:
+            self.on_delivery(result)
+
+
 def _waker(loop: asyncio.AbstractEventLoop, room: asyncio.Event) -> Callable[[], None]:
     def wake() -> None:
         with contextlib.suppress(RuntimeError):  # the loop already closed: nobody waits any more
@@ -136,12 +159,7 @@ class AsyncPublisher(BasePublisher):
         deadline = time.monotonic() + wait
         future: asyncio.Future[DeliveryResult] = loop.create_future()
         settler = self._settlers.get(loop) or self._settlers.setdefault(loop, _Settler(loop))
-
-        def done(result: DeliveryResult) -> None:  # on a delivery thread
-            settler.add(future, result)
-            if on_delivery is not None:
-                on_delivery(result)
-
+        done = _Handoff(settler, future, on_delivery)
         while True:
             await self._reserve(out, deadline, wait)
             try:

@@ -8,7 +8,6 @@ queueing to the delivery report; the sync and asyncio publishers wait for room i
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -106,6 +105,25 @@ class _LaneClient:
         self.producer.close()
 
 
+class _Report:
+    """One queued message's delivery report: librdkafka calls it once, with (error, message).
+
+    One small object per message in flight instead of a `functools.partial` and its arguments:
+    thousands are in flight at once, and each tracked object alive there is work for the
+    caller's cyclic garbage collector (docs/producers.md, Benchmarks).
+    """
+
+    __slots__ = ("core", "done", "lane", "out", "started")
+
+    def __init__(
+        self, core: PublisherCore, out: Outgoing, lane: Lane, started: float, done: DeliveryCallback
+    ) -> None:
+        self.core, self.out, self.lane, self.started, self.done = core, out, lane, started, done
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        self.core._on_delivery(self.out, self.lane, self.started, self.done, err, msg)
+
+
 class PublisherCore:
     """Validation, encoding, routing, the byte budget and per-message results for one topic.
 
@@ -148,7 +166,11 @@ class PublisherCore:
             self._limits = {t: min(v, int(self._extra["message.max.bytes"])) for t, v in self._limits.items()}
         self.bootstrap_servers = bootstrap_servers
         self._clients: dict[Lane, _LaneClient] = {}
-        self._room = threading.Condition()
+        # The budget's counters are guarded by a plain lock (a C-level `with` per message); the
+        # condition on it is only waited on by callers out of budget and by flush.
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._sleepers = 0
         self._wakers: list[Callable[[], None]] = []
         self._bytes = 0
         self._count = 0
@@ -204,16 +226,19 @@ class PublisherCore:
 
     # -- the budget -----------------------------------------------------------------------------
 
-    def _fits(self, size: int) -> bool:
-        return self._count == 0 or self._bytes + size <= self.max_in_flight_bytes
+    def _take(self, size: int) -> bool:
+        """Take `size` bytes of budget if they fit; the caller holds the lock."""
+        self._check_open()
+        if self._count and self._bytes + size > self.max_in_flight_bytes:
+            return False
+        self._bytes += size
+        self._count += 1
+        return True
 
     def reserve_or_wait(self, size: int, waker: Callable[[], None] | None = None) -> bool:
         """Take `size` bytes of budget and return True, or register `waker` and return False."""
-        with self._room:
-            self._check_open()
-            if self._fits(size):
-                self._bytes += size
-                self._count += 1
+        with self._lock:
+            if self._take(size):
                 return True
             if waker is not None:
                 self._wakers.append(waker)
@@ -221,15 +246,24 @@ class PublisherCore:
 
     def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
         """Take budget for `out`, waiting up to `timeout` seconds; raises BackpressureError."""
-        if self.reserve_or_wait(out.size):
-            return
+        with self._lock:
+            if self._take(out.size):
+                return
         deadline = time.monotonic() + timeout
         with self._room:
-            while not self.reserve_or_wait(out.size):
+            while not self._take(out.size):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self.backpressure(out, timeout)
-                self._room.wait(left)
+                self._sleep(left)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait on the budget's condition (lock held) until a release or `seconds` pass."""
+        self._sleepers += 1
+        try:
+            self._room.wait(seconds)
+        finally:
+            self._sleepers -= 1
 
     def backpressure(self, out: Outgoing, timeout: float) -> BackpressureError:
         """The error for `out` not fitting the budget within `timeout` seconds."""
@@ -252,7 +286,7 @@ class PublisherCore:
         Counts the outcome under the same lock: reports are served on two threads (the caller's
         and the delivery thread), and ``+=`` on an attribute is not atomic between them.
         """
-        with self._room:
+        with self._lock:
             self._bytes -= size
             self._count -= 1
             if delivered:
@@ -260,7 +294,10 @@ class PublisherCore:
             elif failure is not None:
                 self.failed += 1
                 self._unreported.append(failure)
-            self._room.notify_all()
+            if self._sleepers:
+                self._room.notify_all()
+            if not self._wakers:
+                return
             wakers, self._wakers = self._wakers, []
         for wake in wakers:
             wake()
@@ -272,7 +309,7 @@ class PublisherCore:
             client.send_now()
         with self._room:
             while self._count and (left := deadline - time.monotonic()) > 0:
-                self._room.wait(min(left, 0.1))
+                self._sleep(min(left, 0.1))
             return self._count
 
     @property
@@ -313,8 +350,8 @@ class PublisherCore:
             DeliveryError: librdkafka refused the message outright (budget returned).
         """
         chosen = self.lane if lane is None else Lane(lane)
-        client = self.client(chosen)
-        report = functools.partial(self._on_delivery, out, chosen, time.perf_counter(), done)
+        client = self._clients.get(chosen) or self.client(chosen)
+        report = _Report(self, out, chosen, time.perf_counter(), done)
         try:
             client.producer.produce(out.topic, out.value, out.key, on_delivery=report)
         except BufferError:

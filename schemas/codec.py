@@ -18,6 +18,7 @@ import fastavro
 from fastavro.schema import fingerprint as _fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
+from schemas.compiled_writer import compile_writer
 from schemas.exceptions import DecodeError, EncodeError, SchemaError, UnknownSchemaError
 
 MAGIC = b"\xc3\x01"
@@ -84,6 +85,7 @@ class TrajectoryCodec:
         self._reader = _parse(raw)
         self._fingerprint = fingerprint_of(raw)
         self._header = MAGIC + self._fingerprint
+        self._compiled = compile_writer(self._reader, self._header)
         self._writers: dict[bytes, Any] = {self._fingerprint: self._reader}
         for path in sorted(AVRO_DIR.rglob("*.avsc")):
             shipped = load_schema(path)
@@ -110,12 +112,21 @@ class TrajectoryCodec:
         return int.from_bytes(fp, "little")
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
-        """Encode one record with the reader schema as the writer schema."""
+        """Encode one record with the reader schema as the writer schema.
+
+        The schema's compiled writer (schemas/compiled_writer.py) writes the records it takes;
+        fastavro writes, or refuses, any other, so both the bytes and the errors are fastavro's.
+        """
+        if self._compiled is not None:
+            try:
+                return self._compiled(record)
+            except Exception:  # a value it does not take: fastavro writes it or says what is wrong
+                pass
         out = io.BytesIO()
         out.write(self._header)
         try:
             fastavro.schemaless_writer(out, self._reader, record)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             name = record.get("trajectory_id", "?") if isinstance(record, Mapping) else "?"
             raise EncodeError(
                 f"trajectory {name!r} does not fit schema dev.rollstream.Trajectory: {exc!r}; "
@@ -187,7 +198,7 @@ class RecordCodec:
         out.write(self._header)
         try:
             fastavro.schemaless_writer(out, self._reader, fields)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise EncodeError(f"{what} does not fit {self.name}: {exc!r}") from exc
         return out.getvalue()
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import struct
 from datetime import UTC, datetime
 from typing import Any
 
+import fastavro
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas import (
     TRAJECTORY_SCHEMA_PATH,
@@ -26,6 +30,7 @@ from schemas import (
     unpack_mask,
 )
 from schemas.codec import AVRO_DIR
+from schemas.compiled_writer import Unsupported, compile_writer
 
 # Pinned so that an accidental schema change (which changes every message header) fails loudly.
 TRAJECTORY_FINGERPRINT = 0x4F390D3FCADA587F
@@ -220,3 +225,174 @@ def test_message_written_from_the_wire_format_page_decodes(version: str) -> None
     assert unpack_int32(decoded["prompt_tokens"]).tolist() == [10, 11, 12]
     assert unpack_float32(decoded["response_logprobs"]).tolist() == [-0.25, -2.0]
     assert decoded["created_at"] == datetime.fromtimestamp(1_764_504_000, tz=UTC)
+
+
+# The compiled writer (schemas/compiled_writer.py) must write what fastavro writes, byte for byte,
+# and leave every value it does not take to fastavro, so that errors stay fastavro's too.
+def _fastavro(codec: TrajectoryCodec, record: Any) -> bytes | type[BaseException]:
+    out = io.BytesIO()
+    out.write(codec._header)
+    try:
+        fastavro.schemaless_writer(out, codec._reader, record)
+    except Exception as exc:
+        return type(exc)
+    return out.getvalue()
+
+
+def _ours(codec: TrajectoryCodec, record: Any) -> bytes | type[BaseException]:
+    try:
+        return codec.encode(record)
+    except EncodeError:
+        return EncodeError
+
+
+def _same_as_fastavro(codec: TrajectoryCodec, record: Any) -> None:
+    expected = _fastavro(codec, record)
+    got = _ours(codec, record)
+    if isinstance(expected, bytes):
+        assert got == expected
+    else:
+        assert got is EncodeError, f"fastavro refused it ({expected.__name__}), ours wrote {got!r}"
+
+
+def test_the_shipped_schemas_compile_and_fleet_records_take_the_compiled_path() -> None:
+    from producers import SyntheticFleet
+
+    for schema in (None, AVRO_DIR / "history" / "trajectory-v1.avsc", _evolved_schema()):
+        codec = TrajectoryCodec(schema)
+        assert codec._compiled is not None
+    codec = TrajectoryCodec()
+    assert codec._compiled is not None
+    records = list(SyntheticFleet(5).trajectories(600))
+    assert {r["task_type"] for r in records} >= {"math", "code", "extraction"}
+    for record in records:
+        written = codec._compiled(record)  # raises if it would fall back to fastavro
+        assert written == _fastavro(codec, record)
+
+
+def test_the_compiled_writer_matches_fastavro_at_the_edges() -> None:
+    codec = TrajectoryCodec()
+    spans = [
+        {"start": 0, "end": 70_000, "version": -(2**63)},
+        {"start": 70_000, "end": 2**31 - 1, "version": 2**63 - 1},
+    ]
+    edges = [
+        _record(),
+        _record(sample_index=-(2**31), group_size=2**31 - 1, policy_version=2**63 - 1),
+        _record(policy_version=-(2**63), attempt=63, task_id="t" * 9_000, response_text="é🙂" * 5_000),
+        _record(prompt_tokens=b"\x01" * 1_000_000, gold_fields={"a": "", "ü": "x" * 20_000}, metadata={}),
+        _record(precomputed_reward=float("nan"), loss_mask=b"", version_spans=spans, logprob_mode="raw"),
+        _record(
+            precomputed_reward=-0.0,
+            version_spans=[],
+            gold_fields={},
+            metadata={str(i): "v" for i in range(300)},
+        ),
+        _record(created_at=0, expected_answer=None),
+        _record(created_at=-1_764_504_000_123),
+        _record(created_at=datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)),
+        _record(created_at=datetime(2026, 1, 2, 3, 4, 5, 678_901)),  # naive: fastavro's local time
+        {k: v for k, v in _record().items() if k not in ("response_text", "metadata", "expected_answer")},
+    ]
+    for record in edges:
+        assert codec._compiled(record) == _fastavro(codec, record)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sample_index": True},  # a bool where an int goes
+        {"sample_index": 2**31},  # beyond int
+        {"policy_version": 2**63},  # beyond long
+        {"precomputed_reward": 1},  # an int where a double goes
+        {"prompt_tokens": bytearray(b"\x01\x00\x00\x00")},
+        {"prompt_tokens": memoryview(b"\x01\x00\x00\x00")},
+        {"domain": "bad \ud800 surrogate"},
+        {"metadata": {"k": 1}},
+        {"metadata": {1: "v"}},
+        {"gold_fields": [("a", "b")]},
+        {"version_spans": [{"start": 0, "end": 1}]},
+        {"version_spans": ({"start": 0, "end": 1, "version": 2},)},
+        {"version_spans": [{"start": 0, "end": 1, "version": 2, "-type": "Other"}]},
+        {"created_at": 1.5},
+        {"created_at": "2026-01-01"},
+        {"trajectory_id": None},
+        {"sample_index": "three"},
+    ],
+)
+def test_values_the_compiled_writer_does_not_take_are_fastavros_to_write_or_refuse(change: dict) -> None:
+    codec = TrajectoryCodec()
+    record = _record(**change)
+    with pytest.raises((Unsupported, KeyError, UnicodeEncodeError)):
+        codec._compiled(record)
+    _same_as_fastavro(codec, record)
+
+
+def test_a_missing_field_without_default_is_fastavros_error() -> None:
+    codec = TrajectoryCodec()
+    record = {k: v for k, v in _record().items() if k != "worker_id"}
+    with pytest.raises(EncodeError, match="worker_id"):
+        codec.encode(record)
+    assert _fastavro(codec, record) is ValueError
+
+
+def test_a_schema_with_types_it_does_not_cover_is_written_by_fastavro() -> None:
+    schema = _evolved_schema()
+    schema["fields"].append({"name": "flag", "type": "boolean", "default": False})
+    codec = TrajectoryCodec(schema)
+    assert codec._compiled is None
+    assert codec.decode(codec.encode(_record(flag=True)))["flag"] is True
+    for unsupported in (
+        {"type": "enum", "name": "E", "symbols": ["A"]},
+        ["string", "null"],
+        ["null", "string", "long"],
+        {"type": "fixed", "name": "F", "size": 2},
+        {"type": "int", "logicalType": "date"},
+        "float",
+    ):
+        parsed = fastavro.parse_schema(
+            {"type": "record", "name": "R", "fields": [{"name": "x", "type": unsupported}]}, named_schemas={}
+        )
+        assert compile_writer(parsed) is None, unsupported
+
+
+_text = st.text(max_size=40)
+_odd_ints = st.one_of(st.integers(-(2**64), 2**64), st.booleans())  # beyond int or long, or bools
+_ints = st.integers(0, 9).flatmap(lambda k: _odd_ints if k == 0 else st.integers(-(2**31), 2**31 - 1))
+_span = st.fixed_dictionaries({"start": _ints, "end": _ints, "version": _ints})
+_CODEC = TrajectoryCodec()
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> dict[str, Any]:
+    record = _record(
+        trajectory_id=draw(_text),
+        sample_index=draw(_ints),
+        policy_version=draw(_ints),
+        prompt_tokens=draw(st.binary(max_size=300)),
+        response_text=draw(_text),
+        expected_answer=draw(st.one_of(st.none(), _text)),
+        gold_fields=draw(st.one_of(st.none(), st.dictionaries(_text, _text, max_size=4))),
+        precomputed_reward=draw(st.one_of(st.none(), st.floats(), st.integers(-5, 5))),
+        task_id=draw(st.one_of(st.none(), _text)),
+        attempt=draw(_ints),
+        loss_mask=draw(st.one_of(st.none(), st.binary(max_size=20))),
+        version_spans=draw(st.one_of(st.none(), st.lists(_span, max_size=3))),
+        created_at=draw(
+            st.one_of(
+                st.integers(-(2**62), 2**62),
+                st.datetimes(timezones=st.just(UTC)),
+                st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2100, 1, 1)),
+            )
+        ),
+        metadata=draw(st.dictionaries(_text, _text, max_size=4)),
+    )
+    for name in draw(st.lists(st.sampled_from(sorted(record)), max_size=3, unique=True)):
+        del record[name]
+    return record
+
+
+@settings(max_examples=400, deadline=None)
+@given(_records())
+def test_the_compiled_writer_and_fastavro_agree_on_any_record(record: dict[str, Any]) -> None:
+    _same_as_fastavro(_CODEC, record)
