@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from confluent_kafka import KafkaError, Producer
@@ -13,6 +14,19 @@ from infra.exceptions import TopicProvisionError
 from infra.topics import TopicSpec, describe_topic_configs, provision_topics
 
 DECLARED = {"retention.ms": "3600000", "max.message.bytes": "2097152", "compression.type": "producer"}
+
+
+def configs_reach(admin: AdminClient, topic: str, expected: Mapping[str, str], timeout_s: float = 30) -> None:
+    """Wait until the broker describes `topic` with `expected`: the controller has accepted an alter
+    once provision_topics returns, and the broker applies it from the metadata log a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        configs = describe_topic_configs(admin, topic)
+        seen = {key: configs.get(key) for key in expected}
+        if seen == dict(expected) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert seen == dict(expected)
 
 
 @pytest.mark.timeout(120)
@@ -27,8 +41,7 @@ def test_existing_topic_is_altered_and_grown_then_left_alone(
     assert [change.action for change in changes] == ["altered", "partitions_increased"]
     assert "retention.ms=3600000" in changes[0].detail
     assert changes[1].detail == "1 -> 3"
-    configs = describe_topic_configs(admin, topic)
-    assert {key: configs[key] for key in DECLARED} == DECLARED
+    configs_reach(admin, topic, DECLARED)
     assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 3
     again = provision_topics(admin, [spec])
     assert [(change.topic, change.action) for change in again] == [(topic, "unchanged")]
@@ -44,7 +57,7 @@ def test_fewer_declared_partitions_is_an_error_but_configs_still_apply(
     with pytest.raises(TopicProvisionError, match=rf"{topic}: has 2 partitions, declared 1; Kafka cannot"):
         provision_topics(admin, [spec])
 
-    assert describe_topic_configs(admin, topic)["retention.ms"] == "7200000"
+    configs_reach(admin, topic, {"retention.ms": "7200000"})
     assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 2
 
 
