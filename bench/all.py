@@ -234,6 +234,11 @@ def main() -> None:
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            # the broker's own state dir and ports, so a bench that runs `up` (loop, rollout) finds
+            # it running instead of starting another on the same port
+            "ROLLSTREAM_STATE_DIR": str(settings.state_dir),
+            "ROLLSTREAM_KAFKA__PORT": str(settings.kafka_port),
+            "ROLLSTREAM_KAFKA__CONTROLLER_PORT": str(settings.controller_port),
         }
         for bench in chosen:
             arguments = overrides.get(bench.name, list(bench.quick if args.quick else bench.default))

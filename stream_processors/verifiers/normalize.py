@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -156,8 +157,12 @@ def parse_date(text: str) -> date | None:
     return None
 
 
+@functools.lru_cache(maxsize=65_536)
 def canonical(text: str) -> str | Quantity | date:
-    """The comparable form of a field value: a date, a quantity, or case-folded text."""
+    """The comparable form of a field value: a date, a quantity, or case-folded text.
+
+    Cached: a group's samples are judged against the same gold fields, and often answer alike;
+    every form returned is immutable."""
     if (day := parse_date(text)) is not None:
         return day
     if (quantity := parse_quantity(text)) is not None:
