@@ -10,7 +10,9 @@ import contextlib
 import os
 import socket
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -23,13 +25,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     `infra/test.sh` runs the suite on pytest-xdist workers, a file at a time each (``--dist
     loadscope``): starting the long files first lets the short ones fill in beside them.
     """
-    seconds: dict[str, float] = {}
+    seconds: dict[Path, float] = defaultdict(float)
     for item in items:
-        marker = item.get_closest_marker("slow")
-        if marker is not None:
-            path = item.nodeid.split("::")[0]
-            seconds[path] = seconds.get(path, 0.0) + float(marker.args[0])
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
+        if (marker := item.get_closest_marker("slow")) is not None:
+            seconds[item.path] += float(marker.args[0])
+    items.sort(key=lambda item: -seconds.get(item.path, 0.0))
 
 
 @pytest.fixture(scope="session")
