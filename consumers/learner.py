@@ -228,14 +228,15 @@ class _Learner:
         self.bucket_counts = Counter(state["bucket_counts"])
         self.totals = dict(state["totals"])
 
-    def _save(self) -> None:
+    def _save(self, *, version: int | None = None) -> None:
+        """Write the checkpoint; `version` overrides the recorded version (the one about to be published)."""
         if self.options.checkpoint_path is None:
             return
         save_checkpoint(
             self.options.checkpoint_path,
             {
                 "step": self.step,
-                "version": self.version,
+                "version": self.version if version is None else version,
                 "run_id": self.run_id,
                 "policy": self.policy.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
@@ -279,11 +280,11 @@ class _Learner:
                 run.log_step(self.step, {**self._train(batch), "sample_wait_s": wait_s})
                 self._log_rows(batch)
                 if self.keeper is not None and self.keeper.due(self.step):
+                    self._save(version=self.keeper.version + 1)  # before: a restart publishes it
                     record = self.keeper.publish(
                         self.policy, step=self.step, run_id=run.run_id, table_version=self.buffer.read_to
                     )
                     run.log_step(self.step, {"policy_version": float(record.number)})
-                    self._save()
                 elif self.step % self.options.checkpoint_every == 0:
                     self._save()
             if self.totals["rows"] == 0:

@@ -78,17 +78,25 @@ class VersionKeeper:
         self, policy: torch.nn.Module, *, step: int, checkpoint_version: int | None, run_id: str
     ) -> None:
         """Take the version at start: the newest published one (its weights loaded when newer than
-        the checkpoint's), else publish the initial weights as version 0. With `model_name`, the
+        the checkpoint's), else publish the initial weights as version 0; a checkpoint that records
+        a version above the newest (cut off between checkpoint and publication) publishes its
+        weights as the next version at its `step`. With `model_name`, the
         newest version is registered under this run if it is not yet (initial weights published
         before the run existed, or a registration cut off by a crash after the commit)."""
         latest = self.watcher.latest()
         if latest is None:
             self.publish(policy, step=step, run_id=run_id, table_version=None)
             return
+        self.version = latest.number
+        if checkpoint_version is not None and checkpoint_version > latest.number:
+            # The checkpoint is written before each publication: a learner ended between the two
+            # left weights the lake never received, so they are published now, at their step.
+            log.info("learner publishes its checkpoint's weights (step %d), cut off before publication", step)
+            self.publish(policy, step=step, run_id=run_id, table_version=None)
+            return
         if checkpoint_version is None or latest.number > checkpoint_version:
             policy.load_state_dict(load_weights(latest, storage_options=self.options.storage_options))
             log.info("learner continues from published version %d (step %d)", latest.number, latest.step)
-        self.version = latest.number
         if self.options.model_name is not None:
             register_published(
                 latest,

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from consumers.exceptions import ChecksumError, RegistrationError, VersionConflictError
 from consumers.tracking import track_run
+from consumers.versioning import PublishOptions, VersionKeeper
 from consumers.weights import (
     TXN_APP_ID,
     MlflowRegistration,
@@ -187,6 +188,33 @@ def test_a_crash_before_the_commit_publishes_nothing(tmp_path: Path, monkeypatch
     v2 = publish_version(_state(3), lake_uri=str(lake), number=2, step=2)
     assert latest_version(str(lake)) == v2
     assert torch.equal(load_weights(v2)["steps"], torch.tensor([3]))
+
+
+class _Steps(torch.nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.steps = torch.nn.Parameter(torch.tensor([float(seed)]))
+
+
+def test_a_keeper_starts_from_the_lake_and_the_checkpoint_in_agreement(tmp_path: Path) -> None:
+    """Fresh lake: version 0. A checkpoint that records a version the lake lacks (the learner ended
+    between its checkpoint and the publication): published at the checkpoint's step. A lake ahead
+    of the checkpoint: its newest weights are loaded."""
+    options = PublishOptions(lake_uri=str(tmp_path / "lake"), every=4)
+    first = VersionKeeper(options)
+    first.start(_Steps(0), step=0, checkpoint_version=None, run_id="r")
+    assert first.version == 0 and [(r["number"], r["step"]) for r in _rows(tmp_path / "lake")] == [(0, 0)]
+
+    cut_off = VersionKeeper(options)
+    cut_off.start(_Steps(8), step=8, checkpoint_version=1, run_id="r")
+    assert cut_off.version == 1
+    assert [(r["number"], r["step"]) for r in _rows(tmp_path / "lake")] == [(0, 0), (1, 8)]
+    assert torch.equal(load_weights(latest_version(options.lake_uri))["steps"], torch.tensor([8.0]))
+
+    behind = _Steps(4)
+    VersionKeeper(options).start(behind, step=4, checkpoint_version=0, run_id="r")
+    assert torch.equal(behind.steps.detach(), torch.tensor([8.0]))  # the lake's version 1
+    assert len(_rows(tmp_path / "lake")) == 2  # nothing published at start
 
 
 def test_registration_makes_an_mlflow_model_version_with_its_lineage(
