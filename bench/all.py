@@ -37,12 +37,15 @@ REPO = HERE.parent
 
 @dataclass(frozen=True)
 class Bench:
-    """A bench script, what its figure compares, and its arguments by default and in `--quick`."""
+    """A bench script, what its figure compares, and its arguments by default and in `--quick`.
+
+    `ours_key` names our side's figures in its JSON (`<ours_key>_per_s`)."""
 
     name: str
     ours: str
     baseline: str
     unit: str
+    ours_key: str = "ours"
     default: Sequence[str] = ()
     quick: Sequence[str] = ()
     timeout_s: float = 900.0
@@ -87,11 +90,25 @@ BENCHES = (
         quick=("--trajectories", "3000", "--rounds", "1"),
     ),
     Bench("lanes", "throughput lane", "latency lane", "MB", quick=("--flat-out", "3000", "--rounds", "2")),
-    Bench("score", "sandboxed verdicts", "unsandboxed python -S", "verdicts", quick=("--trajectories", "40")),
+    Bench(
+        "score",
+        "sandboxed verdicts",
+        "unsandboxed python -S",
+        "verdicts",
+        ours_key="sandboxed",
+        quick=("--trajectories", "40"),
+    ),
     Bench("replay", "ReplayBuffer", "TorchRL", "tokens", quick=("--rows", "1000")),
     Bench("publish", "Publisher", "Kafka Java producer", "MB", quick=("--mb", "30", "--repeats", "1")),
-    Bench("loop", "the training loop", "its baseline", "tasks", quick=("--rounds", "1")),
-    Bench("rollout", "rollout workers", "their baseline", "tasks", quick=("--rounds", "1", "--tasks", "32")),
+    Bench("loop", "the training loop", "its baseline", "tasks", ours_key="async", quick=("--rounds", "1")),
+    Bench(
+        "rollout",
+        "rollout workers",
+        "their baseline",
+        "tasks",
+        ours_key="pipeline",
+        quick=("--rounds", "1", "--tasks", "32"),
+    ),
 )
 
 
@@ -143,25 +160,38 @@ def _figure(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _throughputs(result: Mapping[str, Any]) -> tuple[str, str]:
+def _throughputs(result: Mapping[str, Any], ours_key: str) -> tuple[str, str]:
     """Ours' and the best baseline's median throughput, as written by bench/rounds.py."""
     rates = {
         k[: -len("_per_s")]: v
         for k, v in result.items()
         if k.endswith("_per_s") and isinstance(v, (int, float))
     }
-    ours = rates.pop("ours", None)
+    ours = rates.pop(ours_key, None)
     best = result.get("baseline_per_round") or []
     name = max(set(best), key=best.count).replace("-", "_") if best else None
     base = rates.get(name) if name else None
     return _figure(ours), (f"{_figure(base)} ({name})" if base is not None else "")
 
 
+def _row(label: str, bench: Bench, result: Mapping[str, Any]) -> str:
+    spread = ""
+    if "ratio_min" in result and "ratio_max" in result:
+        spread = f"{_figure(result['ratio_min'])} to {_figure(result['ratio_max'])}"
+    ours, base = _throughputs(result, bench.ours_key)
+    load = f"{_figure(result.get('load_before'))} / {_figure(result.get('load_after'))}"
+    return (
+        f"| {label} | {bench.ours} | {bench.baseline} | {_figure(result.get('ratio'))} | {spread} "
+        f"| {_figure(result.get('rounds', result.get('repeats')))} | {result.get('unit', bench.unit)} | {ours} "
+        f"| {base} | {load} |"
+    )
+
+
 def page(results: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
     """docs/benchmarks.md: one table and where it was measured."""
     rows = [
-        "| bench | ours | baseline | ratio (median) | spread | rounds | ours /s | baseline /s | load before/after |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| bench | ours | baseline | ratio (median) | spread | rounds | unit | ours /s | baseline /s | load before/after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for bench in BENCHES:
         if bench.name not in results:
@@ -169,18 +199,15 @@ def page(results: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> s
         result = results[bench.name]
         if "error" in result:
             rows.append(
-                f"| {bench.name} | {bench.ours} | {bench.baseline} | failed: {result['error']} | | | | | |"
+                f"| {bench.name} | {bench.ours} | {bench.baseline} | failed: {result['error']} | | | | | | |"
             )
             continue
-        spread = ""
-        if "ratio_min" in result and "ratio_max" in result:
-            spread = f"{_figure(result['ratio_min'])} to {_figure(result['ratio_max'])}"
-        ours, base = _throughputs(result)
-        load = f"{_figure(result.get('load_before'))} / {_figure(result.get('load_after'))}"
-        rows.append(
-            f"| {bench.name} | {bench.ours} | {bench.baseline} | {_figure(result.get('ratio'))} | {spread} "
-            f"| {_figure(result.get('rounds', result.get('repeats')))} | {ours} | {base} | {load} |"
-        )
+        parts = result.get("sizes")
+        if isinstance(parts, Mapping) and parts:  # one row per message size (publish)
+            for size, part in parts.items():
+                rows.append(_row(f"{bench.name} ({size} B)", bench, part))
+        else:
+            rows.append(_row(bench.name, bench, result))
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -263,7 +290,7 @@ def main() -> None:
     document = {**meta, "benches": results}
     (args.out / "benchmarks.json").write_text(json.dumps(document, indent=1) + "\n")
     summary = {
-        name: {k: r.get(k) for k in ("ratio", "ratio_min", "ratio_max", "rounds", "error") if k in r}
+        name: {k: v for k, v in r.items() if k in ("rounds", "error") or k.startswith("ratio")}
         for name, r in results.items()
     }
     print(json.dumps({"commit": meta["commit"], "wall_s": round(meta["wall_s"], 1), "benches": summary}))
