@@ -109,12 +109,27 @@ class Execution:
         return self.outcome == "exited" and self.exit_code == 0
 
 
+def _proc_counter(path: str, key: bytes) -> int | None:
+    """The number after `key` in a /proc file of ``name value`` lines (one read, no line split:
+    each execution reads two of them, and splitting /proc/vmstat cost 0.7 ms)."""
+    try:
+        with open(path, "rb") as f:
+            text = b"\n" + f.read()
+        at = text.index(b"\n" + key) + len(key) + 1
+        return int(text[at : text.index(b"\n", at)].split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _oom_kills() -> int:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/vmstat").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-    return 0
+    """How often the kernel's OOM killer ran since boot (/proc/vmstat)."""
+    return _proc_counter("/proc/vmstat", b"oom_kill ") or 0
+
+
+def _available_memory() -> int:
+    """The host's available memory in bytes (/proc/meminfo MemAvailable; psutil's when absent)."""
+    kib = _proc_counter("/proc/meminfo", b"MemAvailable:")
+    return kib * 1024 if kib is not None else psutil.virtual_memory().available
 
 
 _SAMPLE_MS = 20
@@ -322,7 +337,7 @@ class Sandbox:
             SandboxHostError: the run ended for the host's reasons; retry it.
         """
         limits = limits or self.limits
-        available = psutil.virtual_memory().available
+        available = _available_memory()
         if available < self.min_free_memory_bytes:
             raise SandboxHostError(
                 f"host has {available >> 20} MiB available, below the {self.min_free_memory_bytes >> 20} "
