@@ -76,7 +76,7 @@ def host_fixture(sandbox, monkeypatch):
     """Yields the listener's port; afterwards asserts the host is unchanged."""
     monkeypatch.setenv("ROLLSTREAM_TEST_SECRET", "hunter2-do-not-leak")
     before = _marked()
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)} | sandbox.spare_pids()
     listener = Listener()
     yield listener
     listener.close()
@@ -84,8 +84,9 @@ def host_fixture(sandbox, monkeypatch):
     new = _marked() - before
     assert not new, f"files appeared outside the sandbox dir: {new}"
     assert list(sandbox.work_root.iterdir()) == [], "an execution's task directory was left behind"
-    assert [p.name for p in sandbox.cgroups.iterdir() if p.is_dir()] == [], "a pids cgroup was left"
-    left = {p.pid for p in psutil.Process().children(recursive=True)} - children_before
+    assert sandbox.execution_cgroups() == [], "a pids cgroup was left"
+    # the launchers' waiting children (each alone in a cgroup of its own) are replaced as they are used
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - children_before - sandbox.spare_pids()
     assert not left, f"processes left behind: {left}"
 
 
@@ -228,7 +229,7 @@ def _execution_processes(sandbox: Sandbox, timeout_s: float) -> dict[int, dict[s
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pids = [pid for c in sandbox.cgroups.iterdir() if c.is_dir() for pid in PidsCgroup.existing(c).pids()]
+        pids = [pid for c in sandbox.execution_cgroups() for pid in PidsCgroup.existing(c).pids()]
         seen = {}
         for pid in pids:
             with contextlib.suppress(OSError):
@@ -278,7 +279,7 @@ def test_executions_at_once_run_as_different_host_ids(sandbox):
     try:
         deadline = time.monotonic() + 10
         while len(uids) < 2 and time.monotonic() < deadline:
-            for cgroup in (c for c in sandbox.cgroups.iterdir() if c.is_dir()):
+            for cgroup in sandbox.execution_cgroups():
                 for pid in PidsCgroup.existing(cgroup).pids():
                     with contextlib.suppress(OSError):
                         if (

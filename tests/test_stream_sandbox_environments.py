@@ -180,15 +180,17 @@ def test_a_launcher_that_dies_fails_its_runs_as_host_errors_and_is_started_again
         runner.start()
         deadline = time.monotonic() + 30
         # bwrap, the sandbox's PID 1 and the code: the execution is under way
-        while sum(len(PidsCgroup.existing(c).pids()) for c in sandbox.cgroups.iterdir() if c.is_dir()) < 3:
+        while sum(len(PidsCgroup.existing(c).pids()) for c in sandbox.execution_cgroups()) < 3:
             assert time.monotonic() < deadline, "the execution never started"
             time.sleep(0.05)
         os.kill(first, signal.SIGKILL)
         runner.join(timeout=30)
         assert not runner.is_alive(), "bwrap outlived its launcher"
         assert len(errors) == 1 and isinstance(errors[0], SandboxHostError), errors
-        assert [c for c in sandbox.cgroups.iterdir() if c.is_dir()] == []
+        assert sandbox.execution_cgroups() == []
         assert sandbox.run(["python3", "-c", "pass"]).ok
         assert sandbox.launcher.pid not in (None, first)
+        # the killed launcher's spares ended with it and their cgroups were removed
+        assert not list(sandbox.cgroups.glob(f"spare-{first}-*"))
     finally:
         sandbox.close()

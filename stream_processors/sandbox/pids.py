@@ -75,7 +75,7 @@ class PidsCgroup:
     def __init__(self, root: Path, name: str, max_pids: int) -> None:
         self.path = root / name
         self.path.mkdir()
-        (self.path / "pids.max").write_text(str(max_pids))
+        self.limit(max_pids)
         self._procs = str(self.path / "cgroup.procs")
 
     @classmethod
@@ -93,6 +93,16 @@ class PidsCgroup:
             os.write(fd, b"0")
         finally:
             os.close(fd)
+
+    def limit(self, max_pids: int) -> None:
+        """Set `pids.max` (a waiting launcher child's cgroup gets its execution's limit this way)."""
+        (self.path / "pids.max").write_text(str(max_pids))
+
+    def rename(self, name: str) -> PidsCgroup:
+        """The same cgroup, renamed to `name` in its parent (its processes stay in it)."""
+        target = self.path.parent / name
+        self.path.rename(target)
+        return PidsCgroup.existing(target)
 
     def limit_hits(self) -> int:
         """How often a fork was refused by pids.max."""
