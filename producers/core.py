@@ -73,7 +73,10 @@ class _LaneClient:
         """Serve the reports that have arrived, on the caller's thread, without waiting."""
         if self.inline:
             self.last_poll = time.monotonic()
-            self._poll(0)
+            try:
+                self.producer.poll(0)
+            except Exception:
+                log.exception("a Kafka client callback raised while serving delivery reports")
 
     def send_now(self) -> None:
         """Send lingering batches without waiting for linger.ms (what flush does first)."""
@@ -254,8 +257,11 @@ class PublisherCore:
 
     def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
         """Take budget for `out`, waiting up to `timeout` seconds; raises BackpressureError."""
-        with self._lock:
-            if self._take(out.size):
+        size = out.size
+        with self._lock:  # the common case, `_take` inlined: open, and room in the budget
+            if not self.closed and (not self._count or self._bytes + size <= self.max_in_flight_bytes):
+                self._bytes += size
+                self._count += 1
                 return
         deadline = time.monotonic() + timeout
         with self._room:
