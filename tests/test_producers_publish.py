@@ -296,6 +296,9 @@ def test_a_delivery_future_behaves_as_a_future():
     assert set(vars(Future())) - made_on_use <= set(vars(DeliveryFuture())), "Future.__init__ changed"
     assert made_on_use <= set(vars(Future())), "Future.__init__ changed"
     result = DeliveryResult("m", "t", 0, 1, Lane.THROUGHPUT, 0.0)
+    assert result.ok and result.error is None and result.offset == 1
+    with pytest.raises(AttributeError):
+        result.offset = 2  # type: ignore[misc]  # results are immutable
 
     settled = DeliveryFuture()
     settled.set_result(result)
