@@ -17,9 +17,12 @@ acknowledgement (start-up, producer creation and reading the input excluded on e
   (letters compress better under zstd than token ids), not in the ratio.
 
 Sides alternate over `--rounds` (bench/rounds.py); per size, ratio = our MB/s / java's MB/s, the
-median over rounds. The top-level `ratio` is the 8 KB one. Per size, `ours_cpu_us_per_record` is
-our process's CPU per message over the window (the caller's thread, librdkafka's and the
-delivery thread); `java_cpu_us_per_record` the whole JVM's, its start-up included.
+median over rounds. The top-level `ratio` is the 8 KB one. Per size, CPU µs per record (medians
+over rounds): `ours_cpu_us_per_record` is our process's over the window (the caller's thread,
+librdkafka's and the delivery thread), `ours_thread_cpu_us_per_record` the publishing thread's;
+`java_cpu_us_per_record` the whole JVM's, its start-up included, `java_window_cpu_us_per_record`
+the JVM's over the window only, `java_thread_cpu_us_per_record` its sending thread's. On a loaded
+machine the sending thread's CPU per record is what bounds each side's rate.
 
 Starts its own broker on free loopback ports unless ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS names one.
 
@@ -53,7 +56,7 @@ from infra.install import interop_classpath
 from infra.kafka_jars import ensure_jars
 from infra.settings import Settings
 from infra.topics import admin_client
-from producers import Lane, Publisher, SyntheticFleet
+from producers import DeliveryResult, Lane, Publisher, SyntheticFleet
 from producers.core import DEFAULT_BUDGET_BYTES
 from producers.lanes import lane_config
 from schemas import TrajectoryCodec, TrajectoryRecord
@@ -211,27 +214,42 @@ def java_producer(
     figures = json.loads(lines[-1])
     if figures["errors"]:
         raise SystemExit(f"PublishFile: {figures['errors']} sends failed")
-    return Sample(items=total_bytes, seconds=figures["seconds"], cpu_s=cpu_seconds() - cpu0)
+    extra = {"thread_cpu_s": figures["thread_cpu_s"], "window_cpu_s": figures["window_cpu_s"]}
+    return Sample(items=total_bytes, seconds=figures["seconds"], cpu_s=cpu_seconds() - cpu0, extra=extra)
 
 
 def ours(servers: str, topic: str, records: list[TrajectoryRecord], value_bytes: float) -> Sample:
     """Publish `records` with our Publisher; timed from the first publish to the last acknowledgement."""
     latencies: list[float] = []
+    keep = latencies.append
+
+    def on_delivery(result: DeliveryResult) -> None:
+        keep(result.latency_s)
+
     with Publisher(bootstrap_servers=servers, topic=topic) as publisher:
-        cpu0, start = cpu_seconds(), time.perf_counter()
+        cpu0, thread0, start = cpu_seconds(), time.thread_time(), time.perf_counter()
         for record in records:
-            publisher.publish(record, on_delivery=lambda r: latencies.append(r.latency_s))
+            publisher.publish(record, on_delivery=on_delivery)
         publisher.flush(300)
         elapsed = time.perf_counter() - start
-        cpu = cpu_seconds() - cpu0
+        cpu, thread = cpu_seconds() - cpu0, time.thread_time() - thread0
     if publisher.published != len(records):
         raise SystemExit(f"ours: {publisher.published} of {len(records)} acknowledged")
     return Sample(
         items=len(records) * value_bytes,
         seconds=elapsed,
         cpu_s=cpu,
-        extra={"avg_latency_ms": 1000 * float(np.mean(latencies))},
+        extra={
+            "avg_latency_ms": 1000 * float(np.mean(latencies)),
+            "thread_cpu_s": thread,
+            "window_cpu_s": cpu,
+        },
     )
+
+
+def per_record(samples: list[Sample], figure: str, count: int) -> float:
+    """The median over rounds of `figure` (CPU seconds in each sample's extra), in µs per record."""
+    return round(1e6 * statistics.median(s.extra[figure] for s in samples) / count, 1)
 
 
 def side_runs(
@@ -333,6 +351,9 @@ def main() -> None:
                     java_cpu_us_per_record=round(
                         1e6 * statistics.median(x.cpu_s for x in samples["java"]) / count, 1
                     ),
+                    ours_thread_cpu_us_per_record=per_record(samples["ours"], "thread_cpu_s", count),
+                    java_thread_cpu_us_per_record=per_record(samples["java"], "thread_cpu_s", count),
+                    java_window_cpu_us_per_record=per_record(samples["java"], "window_cpu_s", count),
                     ours_zstd_fraction=zstd_fraction(b"".join(values[: max(200, 2_000_000 // size)])),
                     pp_zstd_fraction=zstd_fraction(letters(max(200, 2_000_000 // size) * size)),
                 )

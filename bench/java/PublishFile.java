@@ -1,11 +1,14 @@
 // Sends pre-encoded messages with a plain KafkaProducer: bench/publish.py's baseline.
 // The file holds records as [int32 key length][key][int32 value length][value], big-endian.
 // Usage: java -cp 'kafka-clients jars:classes' PublishFile FILE TOPIC key=value...
-// Prints one JSON line: records acknowledged, errors, seconds from the first send to the last ack.
+// Prints one JSON line: records acknowledged, errors, seconds from the first send to the last ack,
+// and CPU seconds over that window: the sending thread's, and the whole JVM's (start-up excluded).
 import java.io.BufferedInputStream;
 import java.io.DataInputStream;
 import java.io.EOFException;
 import java.io.FileInputStream;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Properties;
@@ -43,9 +46,16 @@ public class PublishFile {
     AtomicLong acked = new AtomicLong();
     AtomicLong errors = new AtomicLong();
     AtomicLong lastAck = new AtomicLong();
+    ThreadMXBean threads = ManagementFactory.getThreadMXBean();
+    com.sun.management.OperatingSystemMXBean os =
+        (com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
     long start;
+    long threadCpu;
+    long processCpu;
     try (KafkaProducer<byte[], byte[]> producer =
         new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer())) {
+      processCpu = os.getProcessCpuTime();
+      threadCpu = threads.getCurrentThreadCpuTime();
       start = System.nanoTime();
       for (int i = 0; i < values.size(); i++) {
         producer.send(
@@ -57,9 +67,12 @@ public class PublishFile {
             });
       }
       producer.flush();
+      threadCpu = threads.getCurrentThreadCpuTime() - threadCpu;
+      processCpu = os.getProcessCpuTime() - processCpu;
     }
     System.out.printf(
-        "{\"records\": %d, \"errors\": %d, \"seconds\": %.6f}%n",
-        acked.get(), errors.get(), (lastAck.get() - start) / 1e9);
+        "{\"records\": %d, \"errors\": %d, \"seconds\": %.6f, \"thread_cpu_s\": %.6f,"
+            + " \"window_cpu_s\": %.6f}%n",
+        acked.get(), errors.get(), (lastAck.get() - start) / 1e9, threadCpu / 1e9, processCpu / 1e9);
   }
 }
