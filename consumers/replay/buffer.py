@@ -252,7 +252,7 @@ class ReplayBuffer:
                 present = np.zeros(len(keys), dtype=bool)
             positions = where[present]
             if len(positions):
-                positions = positions[self.sampler.eligible(rows, self.version)[positions]]
+                positions = positions[self.sampler.eligible(rows, self.version, positions)]
             if len(positions) == 0:
                 self._pending.popleft()  # its rows were evicted or went stale while it waited
                 continue

@@ -143,22 +143,18 @@ def padded_rows(chunks: Sequence[Chunk], spans: RowSpans) -> TrajectoryBatch:
     width = max(int(spans.total.max(initial=0)), 1)
     input_ids = np.zeros((count, width), dtype=np.int64)
     old_logprobs = np.zeros((count, width), dtype=np.float32)
-    trained: npt.NDArray[np.bool_] | None = None
-    if any(chunks[c].loss_mask is not None for c in set(spans.chunk_of.tolist())):
-        trained = np.ones((count, width), dtype=np.bool_)
+    attention_mask = np.zeros((count, width), dtype=np.bool_)
+    response_mask = np.zeros((count, width), dtype=np.bool_)
     for i, (c, p0, pk, r0, rk, l0, lk) in enumerate(spans.copies()):
         chunk = chunks[c]
+        end = pk + rk
         row = input_ids[i]
         row[:pk] = chunk.prompt.values[p0 : p0 + pk]
-        row[pk : pk + rk] = chunk.response.values[r0 : r0 + rk]
+        row[pk:end] = chunk.response.values[r0 : r0 + rk]
         old_logprobs[i, pk : pk + lk] = chunk.logprobs.values[l0 : l0 + lk]
-        if trained is not None and chunk.loss_mask is not None:
-            trained[i, pk : pk + rk] = chunk.loss_mask.values[r0 : r0 + rk]
-    positions = np.arange(width)[None, :]
-    attention_mask = positions < spans.total[:, None]
-    response_mask = attention_mask & (positions >= spans.prompt_keep[:, None])
-    if trained is not None:
-        response_mask &= trained
+        attention_mask[i, :end] = True
+        trained = True if chunk.loss_mask is None else chunk.loss_mask.values[r0 : r0 + rk]
+        response_mask[i, pk:end] = trained
     return TrajectoryBatch(
         input_ids=torch.from_numpy(input_ids),
         attention_mask=torch.from_numpy(attention_mask),
