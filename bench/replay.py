@@ -49,8 +49,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from rounds import Sample, alternate, cpu_seconds, emit, load_average, summary
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ListStorage, TensorDictReplayBuffer
@@ -147,11 +148,24 @@ def _flat(series: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return array.offsets.to_numpy().astype(np.int64), array.values.to_numpy()
 
 
+def read_table(uri: str, columns: list[str]) -> pl.DataFrame:
+    """`columns` of the table's current files, each read by Arrow's Parquet reader, as one frame.
+
+    Faster here than polars `read_delta` (about 115 against 170 ms of CPU for 4,000 rows), so the
+    baselines use it. No Arrow dataset scanner is involved (HAZARDS.md).
+    """
+    files = DeltaTable(uri).file_uris()
+    table = pa.concat_tables([pq.ParquetFile(path).read(columns=columns) for path in files])
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
 def load_rows(uri: str, max_length: int) -> Rows:
-    """Read the table with one polars `read_delta`; cut and align every row once, vectorized."""
-    frame = pl.read_delta(
+    """Read the table (`read_table`); cut and align every row once, a slice copy per row and field."""
+    frame = read_table(
         uri,
-        columns=[
+        [
             "trajectory_id",
             "prompt_tokens",
             "response_tokens",
