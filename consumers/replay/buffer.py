@@ -61,8 +61,7 @@ class ReplayBuffer:
         self.uri = _normalize(config.table_uri)
         self.log = TableLog(self.uri, storage_options=config.storage_options)
         self.profile = config.profile()
-        self._bucket_names = self.profile.names
-        self._bucket_names_of = np.asarray([*self.profile.names, "other"], dtype=object)
+        self._bucket_names = np.asarray([*self.profile.names, "other"], dtype=object)  # by storage code
         self.storage = ChunkStorage(
             bucket_names=self.profile.names,
             max_rows=config.capacity_rows,
@@ -224,7 +223,7 @@ class ReplayBuffer:
             spans = RowSpans.of(rows, positions, self.config.max_length)
             keys = rows.seq[positions]
             policy_versions = rows.policy_version[positions]
-            buckets = self._bucket_names_of[rows.bucket[positions]].tolist()
+            buckets = self._bucket_names[rows.bucket[positions]].tolist()
             self.sampler.delivered(positions, rows, self.version)
             self.limiter.sampled(len(positions))
             self._cond.notify_all()
