@@ -50,11 +50,15 @@ class RaggedColumn:
     @classmethod
     def from_series(cls, series: pl.Series) -> RaggedColumn:
         """View a polars list Series (no nulls) as offsets and values."""
-        array = series.rechunk().to_arrow()
+        return cls.from_arrow(series.rechunk().to_arrow(), name=series.name)
+
+    @classmethod
+    def from_arrow(cls, array: pa.Array | pa.ChunkedArray, *, name: str = "") -> RaggedColumn:
+        """View an Arrow list array (no nulls) as offsets and values, without copying one chunk."""
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
         if not isinstance(array, pa.ListArray | pa.LargeListArray):
-            raise TypeError(f"column {series.name!r} is {series.dtype}, expected a list column")
+            raise TypeError(f"column {name!r} is {array.type}, expected a list column")
         offsets = array.offsets.to_numpy().astype(np.int64, copy=False)
         values = array.values.to_numpy(zero_copy_only=False)
         return cls(offsets=offsets, values=values)
@@ -65,7 +69,9 @@ class RaggedColumn:
         return np.diff(self.offsets)
 
 
-def loss_mask_column(series: pl.Series | None, response: RaggedColumn) -> RaggedColumn | None:
+def loss_mask_column(
+    column: pl.Series | pa.Array | pa.ChunkedArray | None, response: RaggedColumn
+) -> RaggedColumn | None:
     """The loss masks as booleans on `response`'s offsets (True = trained on); None when no row has one.
 
     A null row (or a missing column: a table written before masks) is trained on at every token.
@@ -73,13 +79,16 @@ def loss_mask_column(series: pl.Series | None, response: RaggedColumn) -> Ragged
     Raises:
         PolicyInputError: a row's mask does not have one value per response token.
     """
-    if series is None or series.null_count() == len(series):
+    if column is None:
         return None
-    array = series.rechunk().to_arrow()
+    name = column.name if isinstance(column, pl.Series) else "loss_mask"
+    array = column.rechunk().to_arrow() if isinstance(column, pl.Series) else column
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
+    if array.null_count == len(array):
+        return None
     if not isinstance(array, pa.ListArray | pa.LargeListArray):
-        raise TypeError(f"column {series.name!r} is {series.dtype}, expected list<bool>")
+        raise TypeError(f"column {name!r} is {array.type}, expected list<bool>")
     valid = ~array.is_null().to_numpy(zero_copy_only=False)
     offsets = array.offsets.to_numpy().astype(np.int64, copy=False)
     lengths = np.diff(offsets)
@@ -87,7 +96,7 @@ def loss_mask_column(series: pl.Series | None, response: RaggedColumn) -> Ragged
     if len(bad):
         row = int(bad[0])
         raise PolicyInputError(
-            f"row {row} of {series.name!r} has {int(lengths[row])} loss mask values for "
+            f"row {row} of {name!r} has {int(lengths[row])} loss mask values for "
             f"{int(response.lengths[row])} response tokens ({len(bad)} rows differ): the mask needs one "
             "value per response token; fix the writer of the table"
         )

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
+from deltalake import write_deltalake
 from replay_support import PROFILE, make_rows, trainable, write_rows
 
 from consumers import (
@@ -25,6 +27,7 @@ from consumers import (
 )
 from consumers.replay import FifoSampler, PrioritizedSampler, SamplerStack, TableLog, plan_batches
 from consumers.replay.limiters import SampleToInsertRatio
+from schemas.tables import TRAJECTORIES_SCHEMA
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -453,3 +456,47 @@ def test_ranks_times_workers_shards_are_disjoint_and_cover_all(lake) -> None:
     flat = [tid for share in seen for tid in share]
     assert len(flat) == len(set(flat)) and sum(1 for share in seen if share) >= 2
     assert set(flat) == {r["trajectory_id"] for r in trainable(list(rows.values()))}
+
+
+def test_files_before_the_task_columns_and_version_spans_read_as_the_contract_says(tmp_path: Path) -> None:
+    """A file written before `loss_mask` / `version_spans` existed reads them as null (every token
+    trained on, one version); a later file's rows go by their oldest span's version; rows with a
+    null or non-finite advantage, or a status not trained on, are left out."""
+    uri = str(tmp_path / "trajectories")
+    old_schema = pa.schema([f for f in TRAJECTORIES_SCHEMA if f.name not in ("loss_mask", "version_spans")])
+    old = make_rows(12, first=0, seed=7, policy_version=3, all_trainable=True)
+    old[0]["advantage"] = float("nan")
+    old[1]["advantage"] = None
+    old[2]["verifier_status"] = "error"
+    write_deltalake(uri, pa.Table.from_pylist(old, schema=old_schema), partition_by=["bucket"], mode="append")
+    new = make_rows(12, first=12, seed=8, policy_version=5, all_trainable=True)
+    for i, row in enumerate(new):
+        if i % 2:
+            row["version_spans"] = [
+                {"start": 0, "end": 1, "version": 5},
+                {"start": 1, "end": len(row["response_tokens"]), "version": 4 - i % 3},
+            ]
+    write_deltalake(
+        uri,
+        pa.Table.from_pylist(new, schema=TRAJECTORIES_SCHEMA),
+        partition_by=["bucket"],
+        mode="append",
+        schema_mode="merge",
+    )
+    config = ReplayConfig(table_uri=uri, token_budget=4096, max_length=256, max_uses=1)
+    with ReplayBuffer(config) as buffer:
+        batches = drain(buffer, version=5)
+    got = {
+        tid: int(v) for b in batches for tid, v in zip(b["trajectory_ids"], b["policy_versions"], strict=True)
+    }
+    expected = {r["trajectory_id"]: 3 for r in old[3:]}
+    expected.update(
+        {
+            r["trajectory_id"]: min(s["version"] for s in r["version_spans"]) if i % 2 else 5
+            for i, r in enumerate(new)
+        }
+    )
+    assert got == expected
+    rows = {r["trajectory_id"]: {**r, "policy_version": expected.get(r["trajectory_id"])} for r in old + new}
+    for batch in batches:
+        check_padded(batch, rows, 256)

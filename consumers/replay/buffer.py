@@ -23,10 +23,12 @@ from consumers.replay.chunk import Chunk, read_chunk
 from consumers.replay.collate import (
     PackedBatch,
     ReplayBatch,
+    RowSpans,
     kept_lengths,
     pack,
     padded_rows,
     plan_batches,
+    row_labels,
 )
 from consumers.replay.config import ReplayConfig, build_limiter, build_sampler
 from consumers.replay.limiters import RateLimiter
@@ -59,7 +61,7 @@ class ReplayBuffer:
         self.uri = _normalize(config.table_uri)
         self.log = TableLog(self.uri, storage_options=config.storage_options)
         self.profile = config.profile()
-        self._bucket_names = self.profile.names
+        self._bucket_names = np.asarray([*self.profile.names, "other"], dtype=object)  # by storage code
         self.storage = ChunkStorage(
             bucket_names=self.profile.names,
             max_rows=config.capacity_rows,
@@ -215,19 +217,19 @@ class ReplayBuffer:
                 if remaining <= 0:
                     raise RateLimitTimeout(self._timeout_message(wait_s))
                 self._cond.wait(min(remaining, 1.0))
-            positions, chunks, chunk_of, row_of = chosen
+            positions = chosen
             rows = self.storage.rows
-            keys = rows.seq[positions].copy()
-            policy_versions = rows.policy_version[positions].copy()
-            buckets = [self._bucket_name(int(b)) for b in rows.bucket[positions]]
+            chunks = list(self.storage.chunks)
+            spans = RowSpans.of(rows, positions, self.config.max_length)
+            keys = rows.seq[positions]
+            policy_versions = rows.policy_version[positions]
+            buckets = self._bucket_names[rows.bucket[positions]].tolist()
             self.sampler.delivered(positions, rows, self.version)
             self.limiter.sampled(len(positions))
             self._cond.notify_all()
-        return self._collate(chunks, chunk_of, row_of, keys, policy_versions, buckets)
+        return self._collate(chunks, spans, keys, policy_versions, buckets)
 
-    def _deliverable(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], list[Chunk], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    def _deliverable(self) -> npt.NDArray[np.int64] | None:
         """The next planned batch that may go out now, as positions; plans a pool when none is left."""
         rows = self.storage.rows
         planned = False
@@ -249,19 +251,14 @@ class ReplayBuffer:
                 present = np.zeros(len(keys), dtype=bool)
             positions = where[present]
             if len(positions):
-                positions = positions[self.sampler.eligible(rows, self.version)[positions]]
+                positions = positions[self.sampler.eligible(rows, self.version, positions)]
             if len(positions) == 0:
                 self._pending.popleft()  # its rows were evicted or went stale while it waited
                 continue
             if not self.limiter.can_sample(len(positions)):
                 return None
             self._pending.popleft()
-            return (
-                positions,
-                list(self.storage.chunks),
-                rows.chunk[positions].copy(),
-                rows.row[positions].copy(),
-            )
+            return positions
 
     def _plan(self) -> None:
         """Draw a pool of rows worth `pool_batches` batches and split it into batches."""
@@ -288,16 +285,13 @@ class ReplayBuffer:
     def _collate(
         self,
         chunks: list[Chunk],
-        chunk_of: npt.NDArray[np.int64],
-        row_of: npt.NDArray[np.int64],
+        spans: RowSpans,
         keys: npt.NDArray[np.int64],
         policy_versions: npt.NDArray[np.int64],
         buckets: list[str],
     ) -> ReplayBatch | PackedBatch:
-        batch = padded_rows(chunks, chunk_of, row_of, self.config.max_length)
-        pairs = list(zip(chunk_of.tolist(), row_of.tolist(), strict=True))
-        domains = [chunks[c].domains[chunks[c].domain[r]] for c, r in pairs]
-        task_types = [chunks[c].task_types[chunks[c].task_type[r]] for c, r in pairs]
+        batch = padded_rows(chunks, spans)
+        domains, task_types = row_labels(chunks, spans)
         extra: dict[str, Any] = {
             "keys": torch.from_numpy(keys),
             "policy_versions": torch.from_numpy(policy_versions),
@@ -309,13 +303,9 @@ class ReplayBuffer:
             packed_batch = pack(batch)
             tokens = int(packed_batch["cu_seqlens"][-1])  # type: ignore[index]
             return PackedBatch(**packed_batch, **extra, padding_waste=0.0, tokens=tokens)  # type: ignore[typeddict-item]
-        attention = batch["attention_mask"].numpy()
-        real = int(np.count_nonzero(attention))
-        waste = 1.0 - real / max(attention.size, 1)
+        real = int(spans.total.sum())
+        waste = 1.0 - real / max(batch["attention_mask"].numel(), 1)
         return ReplayBatch(**batch, **extra, padding_waste=waste, tokens=real)  # type: ignore[typeddict-item]
-
-    def _bucket_name(self, code: int) -> str:
-        return self._bucket_names[code] if code < len(self._bucket_names) else "other"
 
     def _timeout_message(self, wait_s: float) -> str:
         if len(self.storage) == 0 or self._starved:

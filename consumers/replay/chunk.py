@@ -19,6 +19,9 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from consumers.batching import RaggedColumn, loss_mask_column
 from consumers.exceptions import PolicyInputError, TokenRangeError
@@ -40,6 +43,12 @@ CHUNK_COLUMNS = [
     "loss_mask",
     "version_spans",
 ]
+
+
+@functools.cache
+def _arrow_schema(columns: tuple[str, ...]) -> pa.Schema:
+    """The Arrow schema of `columns` as the trajectories table defines them."""
+    return pa.schema([TRAJECTORIES_SCHEMA.field(c) for c in columns])
 
 
 @functools.cache
@@ -111,43 +120,32 @@ def read_chunk(
     """
     path = f"{table_uri.rstrip('/')}/{file.path}"
     columns = tuple(c for c in CHUNK_COLUMNS if c != "bucket" or file.partition("bucket") is None)
-    frame = pl.scan_parquet(
-        path,
-        schema=_file_schema(columns),
-        missing_columns="insert",
-        extra_columns="ignore",
-        storage_options=dict(storage_options) if storage_options else None,
-        glob=False,
-    ).collect()
-    if "bucket" not in frame.columns:
-        frame = frame.with_columns(pl.lit(file.partition("bucket")).alias("bucket"))
-    frame = frame.filter(
-        pl.col("verifier_status").is_in(list(statuses)),
-        pl.col("prompt_tokens").is_not_null(),
-        pl.col("response_tokens").is_not_null(),
-        pl.col("response_logprobs").is_not_null(),
-        pl.col("advantage").is_not_null() & pl.col("advantage").is_finite(),
-    )
-    domains, domain = _codes(frame["domain"])
-    task_types, task_type = _codes(frame["task_type"])
-    oldest = pl.col("version_spans").list.eval(pl.element().struct.field("version")).list.min()
-    versions = frame.select(pl.coalesce(oldest, pl.col("policy_version")).fill_null(0)).to_series()
-    response = RaggedColumn.from_series(frame["response_tokens"])
+    table = _trainable(_read_columns(path, columns, storage_options), statuses)
+    n = table.num_rows
+    response = RaggedColumn.from_arrow(table["response_tokens"], name="response_tokens")
     try:
-        loss_mask = loss_mask_column(frame["loss_mask"], response)
+        loss_mask = loss_mask_column(table["loss_mask"], response)
     except PolicyInputError as exc:
         raise PolicyInputError(f"{path}: {exc}") from exc
+    domains, domain = _codes(table["domain"])
+    task_types, task_type = _codes(table["task_type"])
+    partition_bucket = file.partition("bucket")
+    bucket = (
+        np.full(n, partition_bucket, dtype=object)
+        if "bucket" not in columns
+        else _strings(pc.fill_null(table["bucket"], ""))
+    )
     chunk = Chunk(
         file=file,
-        trajectory_ids=np.asarray(frame["trajectory_id"].to_list(), dtype=object),
-        prompt=RaggedColumn.from_series(frame["prompt_tokens"]),
+        trajectory_ids=_strings(table["trajectory_id"]),
+        prompt=RaggedColumn.from_arrow(table["prompt_tokens"], name="prompt_tokens"),
         response=response,
-        logprobs=RaggedColumn.from_series(frame["response_logprobs"]),
+        logprobs=RaggedColumn.from_arrow(table["response_logprobs"], name="response_logprobs"),
         loss_mask=loss_mask,
-        policy_version=versions.to_numpy().astype(np.int64),
-        reward=frame["reward"].fill_null(0.0).to_numpy().astype(np.float32),
-        advantage=frame["advantage"].to_numpy().astype(np.float32),
-        bucket=np.asarray(frame["bucket"].fill_null("").to_list(), dtype=object),
+        policy_version=_oldest_versions(table),
+        reward=_floats(pc.fill_null(table["reward"], 0.0)),
+        advantage=_floats(table["advantage"]),
+        bucket=bucket,
         domain=domain,
         domains=domains,
         task_type=task_type,
@@ -157,9 +155,77 @@ def read_chunk(
     return chunk
 
 
-def _codes(series: pl.Series) -> tuple[tuple[str, ...], npt.NDArray[np.int32]]:
-    names, codes = np.unique(np.asarray(series.fill_null("").to_list(), dtype=object), return_inverse=True)
-    return tuple(str(n) for n in names), codes.astype(np.int32)
+def _read_columns(path: str, columns: tuple[str, ...], storage_options: Mapping[str, str] | None) -> pa.Table:
+    """`columns` of one Parquet file as an Arrow table with the trajectories table's types.
+
+    A local file is read by Arrow's Parquet reader directly (no dataset scanner: HAZARDS.md); an
+    object store's through polars, which takes deltalake's storage options. Columns the file
+    predates (`loss_mask`, `version_spans`) come back as nulls.
+    """
+    wanted = _arrow_schema(columns)
+    local = _local_path(path)
+    if local is None:
+        frame = pl.scan_parquet(
+            path,
+            schema=_file_schema(columns),
+            missing_columns="insert",
+            extra_columns="ignore",
+            storage_options=dict(storage_options) if storage_options else None,
+            glob=False,
+        ).collect()
+        table = frame.to_arrow()
+    else:
+        parquet = pq.ParquetFile(local)
+        present = set(parquet.schema_arrow.names)
+        table = parquet.read(columns=[c for c in columns if c in present])
+        for name in columns:
+            if name not in present:
+                table = table.append_column(
+                    wanted.field(name), pa.nulls(table.num_rows, wanted.field(name).type)
+                )
+    table = table.select(list(columns))
+    return table if table.schema.equals(wanted) else table.cast(wanted)
+
+
+def _local_path(path: str) -> str | None:
+    if path.startswith("file://"):
+        return path.removeprefix("file://")
+    return None if "://" in path else path
+
+
+def _trainable(table: pa.Table, statuses: Sequence[str]) -> pa.Table:
+    """The rows a learner may train on: a wanted status, tokens and logprobs present, a finite advantage."""
+    keep = pc.is_in(table["verifier_status"], value_set=pa.array(list(statuses), type=pa.string()))
+    for name in ("prompt_tokens", "response_tokens", "response_logprobs", "advantage"):
+        keep = pc.and_(keep, pc.is_valid(table[name]))
+    keep = pc.and_(keep, pc.fill_null(pc.is_finite(table["advantage"]), False))
+    mask = keep.to_numpy(zero_copy_only=False)
+    return table.combine_chunks() if mask.all() else table.filter(pa.array(mask)).combine_chunks()
+
+
+def _oldest_versions(table: pa.Table) -> npt.NDArray[np.int64]:
+    """Each row's oldest generating version: the lowest of its version spans, else policy_version, else 0."""
+    spans = table["version_spans"]
+    if spans.null_count == len(spans):
+        return pc.fill_null(table["policy_version"], 0).to_numpy().astype(np.int64)
+    frame = pl.from_arrow(table.select(["policy_version", "version_spans"]))
+    assert isinstance(frame, pl.DataFrame)
+    oldest = pl.col("version_spans").list.eval(pl.element().struct.field("version")).list.min()
+    versions = frame.select(pl.coalesce(oldest, pl.col("policy_version")).fill_null(0)).to_series()
+    return versions.to_numpy().astype(np.int64)
+
+
+def _strings(column: pa.ChunkedArray) -> npt.NDArray[np.object_]:
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _floats(column: pa.ChunkedArray) -> npt.NDArray[np.float32]:
+    return column.to_numpy().astype(np.float32)
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], npt.NDArray[np.int32]]:
+    encoded = pc.dictionary_encode(pc.fill_null(column, "")).combine_chunks()
+    return tuple(encoded.dictionary.to_pylist()), encoded.indices.to_numpy().astype(np.int32)
 
 
 def _check_vocabulary(chunk: Chunk, vocab_size: int, path: str) -> None:

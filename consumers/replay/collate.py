@@ -11,6 +11,7 @@ layouts `response_mask` leaves out the response tokens whose loss mask is 0 (bat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 
 from consumers.batching import RaggedColumn, TrajectoryBatch, TrajectoryColumns
 from consumers.replay.chunk import Chunk
+from consumers.replay.storage import RowIndex
 
 Layout = Literal["padded", "packed"]
 
@@ -129,59 +131,110 @@ def gather_columns(
     )
 
 
-def padded_rows(
-    chunks: Sequence[Chunk], chunk_of: npt.NDArray[np.int64], row_of: npt.NDArray[np.int64], max_length: int
-) -> TrajectoryBatch:
-    """The padded batch of the selected rows, copied straight from their chunks.
+def padded_rows(chunks: Sequence[Chunk], spans: RowSpans) -> TrajectoryBatch:
+    """The padded batch of the rows `spans` locates, copied straight from their chunks.
 
     The same batch as `TrajectoryColumns.batch` over `gather_columns` (prompt tail, response head,
-    cut to `max_length`), built with one slice copy per row and field instead of an index per
-    token: rows run to hundreds of tokens, so per-row copies move the same bytes for less work.
+    cut to `max_length`). Each kept piece of a row is one slice copy into the batch: rows run to
+    hundreds of tokens, so a slice per row and field moves the same bytes as an index per token
+    for far less work.
     """
-    count = len(row_of)
-    spans: list[tuple[Chunk, int, int, int, int, int, int, int]] = []
-    for c, r in zip(chunk_of.tolist(), row_of.tolist(), strict=True):
-        chunk = chunks[c]
-        p0, p1 = chunk.prompt.offsets[r : r + 2].tolist()
-        r0, r1 = chunk.response.offsets[r : r + 2].tolist()
-        l0, l1 = chunk.logprobs.offsets[r : r + 2].tolist()
-        rk = min(r1 - r0, max_length - min(p1 - p0, 1))
-        pk = min(p1 - p0, max_length - rk)
-        spans.append((chunk, r, p1 - pk, pk, r0, rk, l0, min(l1 - l0, rk)))
-    prompt_keep = np.fromiter((span[3] for span in spans), dtype=np.int64, count=count)
-    total = prompt_keep + np.fromiter((span[5] for span in spans), dtype=np.int64, count=count)
-    width = max(int(total.max(initial=0)), 1)
+    count = len(spans.total)
+    width = max(int(spans.total.max(initial=0)), 1)
     input_ids = np.zeros((count, width), dtype=np.int64)
     old_logprobs = np.zeros((count, width), dtype=np.float32)
-    trained: npt.NDArray[np.bool_] | None = None
-    advantages = np.empty(count, dtype=np.float32)
-    rewards = np.empty(count, dtype=np.float32)
-    trajectory_ids: list[str] = []
-    for i, (chunk, r, p0, pk, r0, rk, l0, lk) in enumerate(spans):
-        input_ids[i, :pk] = chunk.prompt.values[p0 : p0 + pk]
-        input_ids[i, pk : pk + rk] = chunk.response.values[r0 : r0 + rk]
+    attention_mask = np.zeros((count, width), dtype=np.bool_)
+    response_mask = np.zeros((count, width), dtype=np.bool_)
+    for i, (c, p0, pk, r0, rk, l0, lk) in enumerate(spans.copies()):
+        chunk = chunks[c]
+        end = pk + rk
+        row = input_ids[i]
+        row[:pk] = chunk.prompt.values[p0 : p0 + pk]
+        row[pk:end] = chunk.response.values[r0 : r0 + rk]
         old_logprobs[i, pk : pk + lk] = chunk.logprobs.values[l0 : l0 + lk]
-        if chunk.loss_mask is not None:
-            if trained is None:
-                trained = np.ones((count, width), dtype=np.bool_)
-            trained[i, pk : pk + rk] = chunk.loss_mask.values[r0 : r0 + rk]
-        advantages[i] = chunk.advantage[r]
-        rewards[i] = chunk.reward[r]
-        trajectory_ids.append(str(chunk.trajectory_ids[r]))
-    positions = np.arange(width)[None, :]
-    attention_mask = positions < total[:, None]
-    response_mask = attention_mask & (positions >= prompt_keep[:, None])
-    if trained is not None:
-        response_mask &= trained
+        attention_mask[i, :end] = True
+        trained = True if chunk.loss_mask is None else chunk.loss_mask.values[r0 : r0 + rk]
+        response_mask[i, pk:end] = trained
     return TrajectoryBatch(
         input_ids=torch.from_numpy(input_ids),
         attention_mask=torch.from_numpy(attention_mask),
         response_mask=torch.from_numpy(response_mask),
         old_logprobs=torch.from_numpy(old_logprobs),
-        advantages=torch.from_numpy(advantages),
-        rewards=torch.from_numpy(rewards),
-        trajectory_ids=trajectory_ids,
+        advantages=torch.from_numpy(spans.advantages),
+        rewards=torch.from_numpy(spans.rewards),
+        trajectory_ids=[str(chunks[c].trajectory_ids[r]) for c, r in spans.pairs()],
     )
+
+
+def row_labels(chunks: Sequence[Chunk], spans: RowSpans) -> tuple[list[str], list[str]]:
+    """The domain and task type of each row `spans` locates."""
+    domains, task_types = [], []
+    for c, r in spans.pairs():
+        chunk = chunks[c]
+        domains.append(chunk.domains[chunk.domain[r]])
+        task_types.append(chunk.task_types[chunk.task_type[r]])
+    return domains, task_types
+
+
+@dataclass(frozen=True)
+class RowSpans:
+    """Where each selected row's kept pieces lie in its chunk, for a whole batch at once.
+
+    Rows keep the prompt's tail and the response's head, cut to `max_length`: `prompt_from` and
+    `prompt_keep` index the chunk's prompt values, `response_from` / `response_keep` and
+    `logprobs_from` / `logprobs_keep` likewise; `total` is each row's kept length. Built from the
+    storage's `RowIndex` with one gather per field, so no chunk is visited.
+    """
+
+    chunk_of: npt.NDArray[np.int64]
+    row_of: npt.NDArray[np.int64]
+    prompt_from: npt.NDArray[np.int64]
+    prompt_keep: npt.NDArray[np.int64]
+    response_from: npt.NDArray[np.int64]
+    response_keep: npt.NDArray[np.int64]
+    logprobs_from: npt.NDArray[np.int64]
+    logprobs_keep: npt.NDArray[np.int64]
+    total: npt.NDArray[np.int64]
+    advantages: npt.NDArray[np.float32]
+    rewards: npt.NDArray[np.float32]
+
+    @classmethod
+    def of(cls, rows: RowIndex, positions: npt.NDArray[np.int64], max_length: int) -> RowSpans:
+        """The spans of the rows at `positions` of `rows`."""
+        prompt_length = rows.prompt_length[positions]
+        response_length = rows.length[positions] - prompt_length
+        response_keep = np.minimum(response_length, max_length - np.minimum(prompt_length, 1))
+        prompt_keep = np.minimum(prompt_length, max_length - response_keep)
+        return cls(
+            chunk_of=rows.chunk[positions],
+            row_of=rows.row[positions],
+            prompt_from=rows.prompt_start[positions] + prompt_length - prompt_keep,
+            prompt_keep=prompt_keep,
+            response_from=rows.response_start[positions],
+            response_keep=response_keep,
+            logprobs_from=rows.logprobs_start[positions],
+            logprobs_keep=np.minimum(rows.logprobs_length[positions], response_keep),
+            total=prompt_keep + response_keep,
+            advantages=rows.advantage[positions],
+            rewards=rows.reward[positions],
+        )
+
+    def pairs(self) -> zip[tuple[int, int]]:
+        """(chunk position, row within it) of each row."""
+        return zip(self.chunk_of.tolist(), self.row_of.tolist(), strict=True)
+
+    def copies(self) -> zip[tuple[int, int, int, int, int, int, int]]:
+        """Per row: (chunk, prompt from, prompt kept, response from, response kept, logprobs from, logprobs kept)."""
+        return zip(
+            self.chunk_of.tolist(),
+            self.prompt_from.tolist(),
+            self.prompt_keep.tolist(),
+            self.response_from.tolist(),
+            self.response_keep.tolist(),
+            self.logprobs_from.tolist(),
+            self.logprobs_keep.tolist(),
+            strict=True,
+        )
 
 
 def packed(columns: TrajectoryColumns, max_length: int) -> dict[str, object]:

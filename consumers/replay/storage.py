@@ -26,6 +26,9 @@ class RowIndex:
     """Per-row metadata of every stored row, aligned; position i is row i of the buffer.
 
     `bucket` is a code into the storage's bucket names, with len(names) for a name not among them.
+    `prompt_start`, `response_start` and `logprobs_start` are where the row's values begin in its
+    chunk's flat token columns; with `prompt_length` and `logprobs_length` (the response's is
+    `length - prompt_length`) a batch finds every row's tokens without visiting its chunk.
     """
 
     chunk: npt.NDArray[np.int64]
@@ -35,11 +38,41 @@ class RowIndex:
     length: npt.NDArray[np.int64]
     bucket: npt.NDArray[np.int64]
     advantage: npt.NDArray[np.float32]
+    reward: npt.NDArray[np.float32]
+    prompt_start: npt.NDArray[np.int64]
+    prompt_length: npt.NDArray[np.int64]
+    response_start: npt.NDArray[np.int64]
+    logprobs_start: npt.NDArray[np.int64]
+    logprobs_length: npt.NDArray[np.int64]
 
     @classmethod
     def empty(cls) -> RowIndex:
         i64 = np.zeros(0, dtype=np.int64)
-        return cls(i64, i64, i64, i64, i64, i64, np.zeros(0, dtype=np.float32))
+        f32 = np.zeros(0, dtype=np.float32)
+        return cls(i64, i64, i64, i64, i64, i64, f32, f32, i64, i64, i64, i64, i64)
+
+    @classmethod
+    def of_chunk(
+        cls, chunk: Chunk, *, position: int, first_seq: int, bucket: npt.NDArray[np.int64]
+    ) -> RowIndex:
+        """The index of a chunk's rows, the chunk stored at `position`, keys from `first_seq` on."""
+        count = len(chunk)
+        prompt, response, logprobs = chunk.prompt.offsets, chunk.response.offsets, chunk.logprobs.offsets
+        return cls(
+            chunk=np.full(count, position, dtype=np.int64),
+            row=np.arange(count, dtype=np.int64),
+            seq=np.arange(first_seq, first_seq + count, dtype=np.int64),
+            policy_version=chunk.policy_version,
+            length=chunk.lengths,
+            bucket=bucket,
+            advantage=chunk.advantage,
+            reward=chunk.reward,
+            prompt_start=prompt[:-1],
+            prompt_length=np.diff(prompt),
+            response_start=response[:-1],
+            logprobs_start=logprobs[:-1],
+            logprobs_length=np.diff(logprobs),
+        )
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -97,16 +130,11 @@ class ChunkStorage:
         count = len(chunk)
         if first_seq is not None:
             self._next_seq = first_seq
+        names, inverse = np.unique(chunk.bucket.astype(str), return_inverse=True)
         codes = {name: i for i, name in enumerate(self.bucket_names)}
-        unknown = len(self.bucket_names)
-        added = RowIndex(
-            chunk=np.full(count, len(self.chunks), dtype=np.int64),
-            row=np.arange(count, dtype=np.int64),
-            seq=np.arange(self._next_seq, self._next_seq + count, dtype=np.int64),
-            policy_version=chunk.policy_version,
-            length=chunk.lengths,
-            bucket=np.asarray([codes.get(b, unknown) for b in chunk.bucket], dtype=np.int64),
-            advantage=chunk.advantage,
+        name_codes = np.asarray([codes.get(str(n), len(self.bucket_names)) for n in names], dtype=np.int64)
+        added = RowIndex.of_chunk(
+            chunk, position=len(self.chunks), first_seq=self._next_seq, bucket=name_codes[inverse.reshape(-1)]
         )
         self._next_seq += count
         self.chunks.append(chunk)

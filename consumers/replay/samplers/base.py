@@ -33,8 +33,12 @@ class Sampler:
     def keep(self, keep: Mask) -> None:
         """Rows were evicted: keep the per-row state where `keep` is True."""
 
-    def eligible(self, rows: RowIndex, version: int) -> Mask | None:
-        """Which rows may be drawn at learner version `version`; None for all."""
+    def eligible(self, rows: RowIndex, version: int, at: Positions | None = None) -> Mask | None:
+        """Which rows may be drawn at learner version `version`; None for all.
+
+        With `at`, only the rows at those positions are judged (the mask is aligned with `at`),
+        so checking a batch costs its size, not the buffer's.
+        """
         return None
 
     def weights(self, rows: RowIndex, version: int) -> Weights | None:

@@ -31,8 +31,8 @@ class FifoSampler(Sampler):
     def keep(self, keep: Mask) -> None:
         self.uses = self.uses[keep]
 
-    def eligible(self, rows: RowIndex, version: int) -> Mask:
-        return self.uses < self.max_uses
+    def eligible(self, rows: RowIndex, version: int, at: Positions | None = None) -> Mask:
+        return (self.uses if at is None else self.uses[at]) < self.max_uses
 
     def delivered(self, positions: Positions, rows: RowIndex, version: int) -> None:
         np.add.at(self.uses, positions, 1)

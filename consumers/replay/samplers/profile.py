@@ -32,8 +32,8 @@ class ProfileSampler(Sampler):
         self.targets = np.asarray([profile.targets[n] for n in self.names], dtype=np.float64)
         self.counts = np.zeros(len(self.names), dtype=np.int64)
 
-    def eligible(self, rows: RowIndex, version: int) -> np.ndarray:
-        return rows.bucket < len(self.names)
+    def eligible(self, rows: RowIndex, version: int, at: Positions | None = None) -> np.ndarray:
+        return (rows.bucket if at is None else rows.bucket[at]) < len(self.names)
 
     def allocate(self, available: np.ndarray, count: int) -> np.ndarray:
         """Rows per bucket for a draw of `count`: the running deficit, capped by what is available."""

@@ -42,10 +42,10 @@ class SamplerStack(Sampler):
         for s in self.samplers:
             s.keep(keep)
 
-    def eligible(self, rows: RowIndex, version: int) -> Mask:
-        mask = np.ones(len(rows), dtype=bool)
+    def eligible(self, rows: RowIndex, version: int, at: Positions | None = None) -> Mask:
+        mask = np.ones(len(rows) if at is None else len(at), dtype=bool)
         for s in self.samplers:
-            part = s.eligible(rows, version)
+            part = s.eligible(rows, version, at)
             if part is not None:
                 mask &= part
         return mask

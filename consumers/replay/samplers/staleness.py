@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from consumers.replay.samplers.base import Mask, Sampler, Weights
+from consumers.replay.samplers.base import Mask, Positions, Sampler, Weights
 from consumers.replay.storage import RowIndex
 
 
@@ -29,10 +29,10 @@ class StalenessSampler(Sampler):
         self.max_lag = max_lag
         self.half_life = half_life
 
-    def eligible(self, rows: RowIndex, version: int) -> Mask | None:
+    def eligible(self, rows: RowIndex, version: int, at: Positions | None = None) -> Mask | None:
         if self.max_lag is None:
             return None
-        return (version - rows.policy_version) <= self.max_lag
+        return (version - (rows.policy_version if at is None else rows.policy_version[at])) <= self.max_lag
 
     def weights(self, rows: RowIndex, version: int) -> Weights | None:
         if self.half_life is None:
