@@ -27,6 +27,7 @@ _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _SQRT_N = re.compile(r"\\sqrt\s*\[([^\]]*)\]\s*\{([^{}]*)\}")
 _SQRT = re.compile(r"\\sqrt\s*\{([^{}]*)\}")
 _ASSIGN = re.compile(r"^[a-zA-Z]\s*=\s*(?=[^=])")
+_SPACES = re.compile(r"\s+")
 _TRAILING_WORDS = re.compile(r"^([-+]?[\d.,/ ]*\d)\s*(?:[a-zA-Z][a-zA-Z ]*|%)$")
 _SCALE_WORDS = frozenset({"thousand", "million", "billion", "trillion"})
 _SYMBOLS = {"\\cdot": "*", "\\times": "*", "\\pi": "pi", "\\infty": "oo", "\\ln": "log", "\\log": "log",
@@ -39,19 +40,20 @@ def clean_latex(answer: str) -> str:
     for token in _DROP:
         text = text.replace(token, "")
     text = text.replace("\\%", "%").replace("\\{", "{").replace("\\}", "}")
-    previous = None
-    while previous != text:
-        previous = text
-        text = _TEXT.sub(r"\1", text)
-        text = _FRAC.sub(r"((\1)/(\2))", text)
-        text = _FRAC_SHORT.sub(r"((\1)/(\2))", text)
-        text = _SQRT_N.sub(r"((\2)^(1/(\1)))", text)
-        text = _SQRT.sub(r"sqrt(\1)", text)
-    for latex, plain in _SYMBOLS.items():
-        text = text.replace(latex, f" {plain} " if plain.isalpha() else plain)
+    if "\\" in text:  # every pattern and symbol below starts with a backslash
+        previous = None
+        while previous != text:
+            previous = text
+            text = _TEXT.sub(r"\1", text)
+            text = _FRAC.sub(r"((\1)/(\2))", text)
+            text = _FRAC_SHORT.sub(r"((\1)/(\2))", text)
+            text = _SQRT_N.sub(r"((\2)^(1/(\1)))", text)
+            text = _SQRT.sub(r"sqrt(\1)", text)
+        for latex, plain in _SYMBOLS.items():
+            text = text.replace(latex, f" {plain} " if plain.isalpha() else plain)
     text = text.replace("{", "(").replace("}", ")").replace("\\", "")
     text = _ASSIGN.sub("", text.strip())
-    return re.sub(r"\s+", " ", text).strip()
+    return _SPACES.sub(" ", text).strip()
 
 
 def as_number(text: str) -> Fraction | None:
