@@ -17,7 +17,7 @@ from typing import Any
 from stream_processors.exceptions import VerifierInputError
 from stream_processors.verifiers.base import Verdict, Verifier
 from stream_processors.verifiers.exact_answer import final_answer
-from stream_processors.verifiers.normalize import parse_number, parse_quantity
+from stream_processors.verifiers.normalize import exact, parse_number, parse_quantity
 from stream_processors.verifiers.symbolic import NAMES, SymbolicChecker
 
 _DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "^\\circ", "^{\\circ}", "°")
@@ -139,7 +139,7 @@ class MathVerifier(Verifier):
         if na is not None and nb is not None:
             # integers and fractions compare exactly; the tolerance is for written decimals
             decimal = any(re.search(r"\d\.\d|\de", t) for t in (a, b))
-            close = abs(na - nb) <= Fraction(self.tolerance) * max(abs(na), abs(nb))
+            close = abs(na - nb) <= exact(self.tolerance) * max(abs(na), abs(nb))
             same = na == nb or (decimal and close)
             return ("equal" if same else "different"), "numeric"
         ta, tb = _split_tuple(a), _split_tuple(b)
