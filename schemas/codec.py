@@ -18,6 +18,7 @@ import fastavro
 from fastavro.schema import fingerprint as _fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
+from schemas.compiled_reader import compile_reader
 from schemas.compiled_writer import compile_writer
 from schemas.exceptions import DecodeError, EncodeError, SchemaError, UnknownSchemaError
 
@@ -86,6 +87,7 @@ class TrajectoryCodec:
         self._fingerprint = fingerprint_of(raw)
         self._header = MAGIC + self._fingerprint
         self._compiled = compile_writer(self._reader, self._header)
+        self._compiled_read = compile_reader(self._reader)
         self._writers: dict[bytes, Any] = {self._fingerprint: self._reader}
         for path in sorted(AVRO_DIR.rglob("*.avsc")):
             shipped = load_schema(path)
@@ -135,7 +137,12 @@ class TrajectoryCodec:
         return out.getvalue()
 
     def decode(self, data: bytes) -> dict[str, Any]:
-        """Decode one message into a record shaped by the reader schema."""
+        """Decode one message into a record shaped by the reader schema.
+
+        A message written with the reader schema is read by its compiled reader
+        (schemas/compiled_reader.py); fastavro reads, or refuses, any other, and any message the
+        compiled reader does not read, so both the records and the errors are fastavro's.
+        """
         if len(data) < HEADER_SIZE or data[:2] != MAGIC:
             raise DecodeError(
                 f"not an Avro single-object message: expected marker C3 01 and an 8-byte "
@@ -149,21 +156,34 @@ class TrajectoryCodec:
                 "codec does not know: register the producer's schema (TrajectoryCodec.register) "
                 "or ship its .avsc under schemas/avro/"
             )
+        if writer is self._reader and self._compiled_read is not None:
+            try:
+                record, end = self._compiled_read(data, HEADER_SIZE)
+            except Exception:  # bytes it does not read: fastavro reads them or says what is wrong
+                pass
+            else:
+                _check_end(data, end)
+                return record
         body = io.BytesIO(data)
         body.seek(HEADER_SIZE)
         reader = None if writer is self._reader else self._reader
         try:
-            record = fastavro.schemaless_reader(body, writer, reader)
+            decoded = fastavro.schemaless_reader(body, writer, reader)
         except Exception as exc:
             raise DecodeError(f"Avro body does not decode with writer schema {fp.hex()}: {exc!r}") from exc
-        if body.tell() != len(data):
-            raise DecodeError(
-                f"{len(data) - body.tell()} trailing bytes after the Avro body: the message is "
-                "corrupt or was written with a different schema than it names"
-            )
-        if not isinstance(record, dict):
-            raise DecodeError(f"expected a record, decoded {type(record).__name__}")
-        return record
+        _check_end(data, body.tell())
+        if not isinstance(decoded, dict):
+            raise DecodeError(f"expected a record, decoded {type(decoded).__name__}")
+        return decoded
+
+
+def _check_end(data: bytes, end: int) -> None:
+    """Raise DecodeError when the Avro body ended before the message did."""
+    if end != len(data):
+        raise DecodeError(
+            f"{len(data) - end} trailing bytes after the Avro body: the message is "
+            "corrupt or was written with a different schema than it names"
+        )
 
 
 class RecordCodec:

@@ -79,6 +79,19 @@ def list_column(
     )
 
 
+def map_column(maps: Sequence[Mapping[str, object]], value_type: pa.DataType) -> pa.MapArray:
+    """A map<string, value_type> column from per-row mappings (none null): keys and values flattened
+    once, with int32 offsets. Converting a list of item lists per row costs about four times as much.
+    """
+    offsets = np.zeros(len(maps) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter((len(m) for m in maps), dtype=np.int32, count=len(maps)), out=offsets[1:])
+    keys = [k for m in maps for k in m]
+    values = [v for m in maps for v in m.values()]
+    return pa.MapArray.from_arrays(
+        pa.array(offsets), pa.array(keys, pa.string()), pa.array(values, value_type)
+    )
+
+
 _NO_MASK = np.zeros(0, dtype=np.bool_)
 
 
@@ -118,13 +131,9 @@ def trajectories_table(
         "finish_reason": strings("finish_reason"),
         "worker_id": strings("worker_id"),
         "created_at": pa.array([rec["created_at"] for rec in records], TIMESTAMP),
-        "metadata": pa.array(
-            [list((rec.get("metadata") or {}).items()) for rec in records], pa.map_(pa.string(), pa.string())
-        ),
+        "metadata": map_column([rec.get("metadata") or {} for rec in records], pa.string()),
         "reward": pa.array([r.verdict.reward for r in rows], pa.float64()),
-        "reward_components": pa.array(
-            [list(r.verdict.reward_components.items()) for r in rows], pa.map_(pa.string(), pa.float64())
-        ),
+        "reward_components": map_column([r.verdict.reward_components for r in rows], pa.float64()),
         "verifier": pa.array([r.verdict.verifier for r in rows], pa.string()),
         "verifier_version": pa.array([r.verdict.verifier_version for r in rows], pa.string()),
         "verifier_status": pa.array([r.verdict.status for r in rows], pa.string()),
@@ -133,8 +142,8 @@ def trajectories_table(
         "group_status": pa.array([r.group_status for r in rows], pa.string()),
         "length": pa.array([r.length for r in rows], pa.int32()),
         "bucket": pa.array([r.bucket for r in rows], pa.string()),
-        "profile_id": pa.array([profile_id] * len(rows), pa.string()),
-        "ingested_at": pa.array([ingested_at] * len(rows), TIMESTAMP),
+        "profile_id": pa.repeat(pa.scalar(profile_id, pa.string()), len(rows)),
+        "ingested_at": pa.repeat(pa.scalar(ingested_at, TIMESTAMP), len(rows)),
         "topic": pa.array([c.topic for c in coordinates], pa.string()),
         "partition": pa.array([c.partition for c in coordinates], pa.int32()),
         "offset": pa.array([c.offset for c in coordinates], pa.int64()),

@@ -150,10 +150,11 @@ class GroupBuffer:
         elif index in group.samples:
             return DecidedGroup(group_id, [sample], "duplicate", attempt)
         group.samples[index] = sample
-        group.oldest_ms = min(group.oldest_ms, sample.created_ms)
+        created = sample.created_ms
+        group.oldest_ms = min(group.oldest_ms, created)
         tp = (sample.coordinates.topic, sample.coordinates.partition)
         group.partitions.add(tp)
-        self._watermarks[tp] = max(self._watermarks.get(tp, -(2**62)), sample.created_ms)
+        self._watermarks[tp] = max(self._watermarks.get(tp, -(2**62)), created)
         self.nbytes += sample.nbytes
         return self._release(group_id, "complete") if group.complete else None
 

@@ -96,8 +96,12 @@ class Lane:
         return loop.run_in_executor(self.reader, self.intake.take, self.batch_size, self.within_s)
 
     def fresh(self, taken: Taken) -> list[SourceMessage]:
-        """The messages of `taken` whose partitions were not revoked since it was read."""
-        return [m for m in taken.messages if self.current(taken, m.coordinates)]
+        """The messages of `taken` whose partitions were not revoked since it was read (checked
+        once per partition, not per message)."""
+        current = {tp: self.intake.current(tp, g) for tp, g in taken.generations.items()}
+        if all(current.values()):
+            return taken.messages
+        return [m for m in taken.messages if current.get((m.coordinates.topic, m.coordinates.partition))]
 
     def current(self, taken: Taken, c: Coordinates) -> bool:
         """True while the partition of `c` is assigned in the generation `taken` was read in."""

@@ -8,6 +8,7 @@ in Delta (`LagCollector`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
@@ -64,8 +65,10 @@ class WorkerMetrics(StageObserver):
         """A lane judged `batch`: its messages, time, verdicts and sandbox executions."""
         self.messages.labels(lane).inc(len(batch.coordinates))
         self.judge_seconds.labels(lane).observe(batch.seconds)
-        for sample in batch.samples:
-            self.verdicts.labels(sample.verdict.verifier, sample.verdict.status).inc()
+        # Counted per batch: a labelled increment costs microseconds, on the event loop's thread.
+        verdicts = Counter((s.verdict.verifier, s.verdict.status) for s in batch.samples)
+        for (verifier, status), count in verdicts.items():
+            self.verdicts.labels(verifier, status).inc(count)
         for record in batch.executions:
             self.sandbox_runs.labels(record.execution.outcome).inc()
             self.sandbox_run_seconds.observe(record.execution.wall_s)

@@ -96,6 +96,7 @@ class _Commit:
     future: Future[int]
     coordinates: list[Coordinates]
     states: dict[TopicPartition, PartitionState]
+    lowest: dict[TopicPartition, int]
 
 
 DUPLICATE = "duplicate"
@@ -172,6 +173,7 @@ class Stage:
         self._pending: set[Coordinates] = set()
         self._outbox: list[ScoredTrajectory] = []
         self._outbox_coords: list[Coordinates] = []
+        self._outbox_lowest: dict[TopicPartition, int] = {}  # per partition, its lowest offset
         self._outbox_bytes = 0
         self._outbox_since: float | None = None
         self._letters: list[DeadLetter] = []  # of decided groups, not yet written
@@ -318,12 +320,17 @@ class Stage:
     def safe_offsets(self) -> dict[TopicPartition, int]:
         """Per partition, the offset below which every message is stored (a row or a dead letter)."""
         safe = {tp: seen + 1 for tp, seen in self._seen.items()}
-        committing = self._committing.coordinates if self._committing is not None else ()
-        unwritten = [d.coordinates for d in self._letters]
-        for c in (*self._pending, *self._outbox_coords, *committing, *unwritten):
+        for c in (*self._pending, *(d.coordinates for d in self._letters)):
             tp = (c.topic, c.partition)
             if c.offset < safe.get(tp, c.offset + 1):
                 safe[tp] = c.offset
+        # The outbox and the commit under way by their lowest offsets: they hold thousands of rows,
+        # and this runs after every sink step.
+        committing = self._committing.lowest if self._committing is not None else {}
+        for lowest in (self._outbox_lowest, committing):
+            for tp, offset in lowest.items():
+                if offset < safe.get(tp, offset + 1):
+                    safe[tp] = offset
         return safe
 
     @property
@@ -428,6 +435,9 @@ class Stage:
                 )
             )
             self._outbox_coords.append(s.coordinates)
+            tp = (s.coordinates.topic, s.coordinates.partition)
+            if s.coordinates.offset < self._outbox_lowest.get(tp, s.coordinates.offset + 1):
+                self._outbox_lowest[tp] = s.coordinates.offset
             self._outbox_bytes += s.nbytes
             self._pending.discard(s.coordinates)
         if self._outbox_since is None:
@@ -446,8 +456,9 @@ class Stage:
         if self._committer is None:
             return settled + self._commit()
         write, states, coordinates = self._prepare()
+        lowest = self._outbox_lowest
         self._clear_outbox()
-        self._committing = _Commit(self._committer.submit(write), coordinates, states)
+        self._committing = _Commit(self._committer.submit(write), coordinates, states, lowest)
         return settled
 
     def _next_states(self) -> dict[TopicPartition, PartitionState]:
@@ -521,6 +532,7 @@ class Stage:
 
     def _clear_outbox(self) -> None:
         self._outbox, self._outbox_coords, self._outbox_bytes, self._outbox_since = [], [], 0, None
+        self._outbox_lowest = {}
         self._letter_coords = []
 
     def _store(self, version: int, states: Mapping[TopicPartition, PartitionState]) -> None:

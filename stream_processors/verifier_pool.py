@@ -2,7 +2,7 @@
 
 Spawned, never forked: deltalake and polars do not survive fork() (HAZARDS.md). Each process
 builds its own `DomainVerifiers` from the parent's registry and options, so a verdict is the same
-as in the parent. Records travel without their token buffers (these verifiers read text fields).
+as in the parent. Records travel as the few text fields these verifiers read (VERIFIER_FIELDS).
 A chunk the pool cannot judge (a broken process, a host error) is judged again in the caller's
 thread, where host errors are retried and stop the worker if they persist.
 """
@@ -32,8 +32,11 @@ PARENT_CHECK_S = 1.0
 """How often a pool process checks that the worker that started it is alive."""
 CPU_HEAVY = frozenset({"math", "extraction"})
 """Verifiers judged in the pool: pure Python work of a few hundred microseconds per record."""
-TOKEN_FIELDS = ("prompt_tokens", "response_tokens", "response_logprobs", "loss_mask")
-"""Packed per-token fields, which no verifier reads: records go to the pool without them."""
+VERIFIER_FIELDS = ("trajectory_id", "domain", "task_type", "response_text", "expected_answer", "gold_fields")
+"""What the CPU_HEAVY verifiers read of a record, and all a record sends to the pool: pickling the
+rest (the packed tokens, the created_at datetime, the metadata map) and reading it back cost
+about half as much CPU as judging the record. tests/test_stream_verifier_pool.py checks that
+these verifiers read nothing else."""
 
 _verifiers: DomainVerifiers | None = None
 
@@ -148,7 +151,7 @@ class VerifierPool:
         """
         if not records:
             return []
-        light = [{k: v for k, v in r.items() if k not in TOKEN_FIELDS} for r in records]
+        light = [{k: r[k] for k in VERIFIER_FIELDS if k in r} for r in records]
         step = max(1, math.ceil(len(light) / self.size))
         out: list[tuple[int, Future[Any] | None]] = []
         for i in range(0, len(light), step):

@@ -29,7 +29,8 @@ from schemas import (
     unpack_int32,
     unpack_mask,
 )
-from schemas.codec import AVRO_DIR
+from schemas.codec import AVRO_DIR, HEADER_SIZE
+from schemas.compiled_reader import Unreadable, compile_reader
 from schemas.compiled_writer import Unsupported, compile_writer
 
 # Pinned so that an accidental schema change (which changes every message header) fails loudly.
@@ -396,3 +397,145 @@ def _records(draw: st.DrawFn) -> dict[str, Any]:
 @given(_records())
 def test_the_compiled_writer_and_fastavro_agree_on_any_record(record: dict[str, Any]) -> None:
     _same_as_fastavro(_CODEC, record)
+
+
+# The compiled reader (schemas/compiled_reader.py) must read what fastavro reads, and leave every
+# body it does not read to fastavro, so that errors stay fastavro's too.
+def _fastavro_read(codec: TrajectoryCodec, message: bytes) -> Any:
+    body = io.BytesIO(message)
+    body.seek(HEADER_SIZE)
+    try:
+        record = fastavro.schemaless_reader(body, codec._reader, None)
+    except Exception:
+        return DecodeError
+    return DecodeError if body.tell() != len(message) else record
+
+
+def _ours_read(codec: TrajectoryCodec, message: bytes) -> Any:
+    try:
+        return codec.decode(message)
+    except DecodeError:
+        return DecodeError
+
+
+def _reads_as_fastavro(codec: TrajectoryCodec, message: bytes) -> None:
+    expected = _fastavro_read(codec, message)
+    assert _ours_read(codec, message) == expected
+    if expected is not DecodeError:
+        assert codec._compiled_read is not None
+        record, end = codec._compiled_read(message, HEADER_SIZE)  # raises if it would fall back
+        assert (record, end) == (expected, len(message))
+        assert list(record) == list(expected)  # the fields in the schema's order
+
+
+def test_fleet_messages_take_the_compiled_reader() -> None:
+    from producers import SyntheticFleet
+
+    codec = TrajectoryCodec()
+    for record in SyntheticFleet(6).trajectories(600):
+        _reads_as_fastavro(codec, codec.encode(record))
+
+
+def test_the_compiled_reader_matches_fastavro_at_the_edges() -> None:
+    codec = TrajectoryCodec()
+    spans = [
+        {"start": 0, "end": 70_000, "version": -(2**63)},
+        {"start": 70_000, "end": 2**31 - 1, "version": 2**63 - 1},
+    ]
+    edges = [
+        _record(),
+        _record(sample_index=-(2**31), group_size=2**31 - 1, policy_version=2**63 - 1),
+        _record(policy_version=-(2**63), attempt=63, task_id="t" * 9_000, response_text="é🙂" * 5_000),
+        _record(prompt_tokens=b"\x01" * 1_000_000, gold_fields={"a": "", "ü": "x" * 20_000}, metadata={}),
+        _record(precomputed_reward=float("inf"), loss_mask=b"", version_spans=spans, logprob_mode="raw"),
+        _record(
+            precomputed_reward=-0.0,
+            version_spans=[],
+            gold_fields={},
+            metadata={str(i): "v" for i in range(300)},
+        ),
+        _record(created_at=0, expected_answer=None),
+        _record(created_at=-1_764_504_000_123),
+        _record(created_at=datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)),
+    ]
+    for record in edges:
+        _reads_as_fastavro(codec, codec.encode(record))
+
+
+def test_a_nan_reward_reads_as_nan() -> None:
+    codec = TrajectoryCodec()
+    record, _ = codec._compiled_read(codec.encode(_record(precomputed_reward=float("nan"))), HEADER_SIZE)
+    assert record["precomputed_reward"] != record["precomputed_reward"]
+
+
+def _corrupt(message: bytes, at: int, new: bytes) -> bytes:
+    return message[:at] + new + message[at + 1 :]
+
+
+def test_bodies_the_compiled_reader_does_not_read_are_fastavros_to_read_or_refuse() -> None:
+    codec = TrajectoryCodec()
+    message = codec.encode(_record(expected_answer="2", metadata={"k": "v"}))
+    assert codec._compiled_read is not None
+    start = HEADER_SIZE + 1 + len("9f0c7c1e-0000-4000-8000-000000000001")  # past trajectory_id
+    union = message.index(b"\x02\x02" + b"2")  # expected_answer: branch 1, the string "2"
+    bodies = [
+        message[:-7],  # truncated
+        message[: HEADER_SIZE + 3],
+        _corrupt(message, HEADER_SIZE, b"\x03"),  # trajectory_id of length -2
+        _corrupt(message, start, b"\xff"),  # a varint running on into the next bytes
+        _corrupt(message, union, b"\x04"),  # union index 2
+        _corrupt(message, union, b"\x01"),  # union index -1
+        message[:HEADER_SIZE] + b"\xff" * 11 + message[HEADER_SIZE + 11 :],  # a varint of 11 bytes
+        _corrupt(message, HEADER_SIZE + 1, b"\xc3"),  # invalid UTF-8
+    ]
+    for body in bodies:
+        with pytest.raises((Unreadable, IndexError, UnicodeDecodeError, struct.error)):
+            codec._compiled_read(body, HEADER_SIZE)
+        assert _ours_read(codec, body) == _fastavro_read(codec, body)
+
+
+def test_a_map_in_several_blocks_and_a_negative_block_count_are_read() -> None:
+    codec = TrajectoryCodec()
+    message = codec.encode(_record(metadata={}))
+    assert message.endswith(b"\x00")
+    # metadata as two blocks of one entry each, the second with a negative count and its byte size
+    blocks = b"\x02\x02a\x02b" + b"\x01\x08\x02c\x02d" + b"\x00"
+    decoded = codec.decode(message[:-1] + blocks)
+    assert decoded["metadata"] == {"a": "b", "c": "d"}
+
+
+def test_a_schema_with_types_it_does_not_cover_is_read_by_fastavro() -> None:
+    schema = _evolved_schema()
+    schema["fields"].append({"name": "flag", "type": "boolean", "default": False})
+    codec = TrajectoryCodec(schema)
+    assert codec._compiled_read is None
+    assert codec.decode(codec.encode(_record(flag=True)))["flag"] is True
+    for unsupported in (
+        {"type": "enum", "name": "E", "symbols": ["A"]},
+        ["string", "null"],
+        ["null", "string", "long"],
+        {"type": "fixed", "name": "F", "size": 2},
+        {"type": "int", "logicalType": "date"},
+        "float",
+    ):
+        parsed = fastavro.parse_schema(
+            {"type": "record", "name": "R", "fields": [{"name": "x", "type": unsupported}]}, named_schemas={}
+        )
+        assert compile_reader(parsed) is None, unsupported
+
+
+def test_older_writers_are_resolved_by_fastavro() -> None:
+    codec = TrajectoryCodec()
+    old = TrajectoryCodec(AVRO_DIR / "history" / "trajectory-v1.avsc")
+    decoded = codec.decode(old.encode(_record()))
+    assert decoded["attempt"] == 0 and decoded["task_id"] is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(_records())
+def test_the_compiled_reader_and_fastavro_agree_on_any_message(record: dict[str, Any]) -> None:
+    try:
+        message = _CODEC.encode(record)
+    except EncodeError:
+        return
+    _reads_as_fastavro(_CODEC, message)

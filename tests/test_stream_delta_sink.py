@@ -30,7 +30,7 @@ from stream_processors import (
     txn_app_id,
 )
 from stream_processors import executions as executions_module
-from stream_processors.delta_sink import list_column, trajectories_table
+from stream_processors.delta_sink import list_column, map_column, trajectories_table
 from stream_processors.executions import ExecutionLog, ExecutionRecord
 from stream_processors.sandbox import Execution, Limits
 
@@ -253,3 +253,10 @@ def test_stage_replay_is_skipped(tmp_path, records):
 def test_table_uri_joins_local_paths_and_object_store_uris(tmp_path):
     assert table_uri("s3://bucket/lake/", "trajectories") == "s3://bucket/lake/trajectories"
     assert table_uri(tmp_path, "dead_letters") == str(tmp_path / "dead_letters")
+
+
+def test_map_column_is_the_map_of_each_rows_items() -> None:
+    maps = [{"a": 1.0, "ü": -0.5}, {}, {"k": float("inf")}, {}]
+    expected = pa.array([list(m.items()) for m in maps], pa.map_(pa.string(), pa.float64()))
+    assert map_column(maps, pa.float64()).equals(expected)
+    assert map_column([], pa.string()).equals(pa.array([], pa.map_(pa.string(), pa.string())))

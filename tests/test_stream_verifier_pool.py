@@ -15,7 +15,7 @@ import pytest
 from producers.fleet import SyntheticFleet
 from schemas import TrajectoryCodec
 from stream_processors import BatchProcessor, Coordinates, SourceMessage
-from stream_processors.verifier_pool import CPU_HEAVY, VerifierPool, judge_record
+from stream_processors.verifier_pool import CPU_HEAVY, VERIFIER_FIELDS, VerifierPool, judge_record
 from stream_processors.verifiers import DomainVerifiers
 
 pytestmark = pytest.mark.timeout(180)
@@ -47,6 +47,33 @@ def test_the_pool_judges_like_the_worker_and_survives_a_killed_process():
         assert pool.collect(pool.submit(heavy), len(heavy)) == expected
     finally:
         pool.close()
+
+
+class _Watched(dict):
+    """A record that notes which fields are read."""
+
+    read: set[str]
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_the_pools_verifiers_read_only_the_fields_it_sends():
+    verifiers = DomainVerifiers()
+    read: set[str] = set()
+    records = list(SyntheticFleet(seed=33).trajectories(400))
+    heavy = [r for r in records if verifiers.lookup(r)[0].name in CPU_HEAVY]
+    broken = [{**r, "expected_answer": None, "gold_fields": None} for r in heavy[:20]]  # dead letters
+    for record in [*heavy, *broken]:
+        watched = _Watched(record)
+        watched.read = read
+        judge_record(verifiers, watched)
+    assert read and read <= set(VERIFIER_FIELDS)
 
 
 def test_a_batch_processor_with_the_pool_gives_the_same_samples():

@@ -17,7 +17,7 @@ from typing import Any
 from stream_processors.exceptions import VerifierInputError
 from stream_processors.verifiers.base import Verdict, Verifier
 from stream_processors.verifiers.exact_answer import final_answer
-from stream_processors.verifiers.normalize import parse_number, parse_quantity
+from stream_processors.verifiers.normalize import exact, parse_number, parse_quantity
 from stream_processors.verifiers.symbolic import NAMES, SymbolicChecker
 
 _DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "^\\circ", "^{\\circ}", "°")
@@ -27,6 +27,7 @@ _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _SQRT_N = re.compile(r"\\sqrt\s*\[([^\]]*)\]\s*\{([^{}]*)\}")
 _SQRT = re.compile(r"\\sqrt\s*\{([^{}]*)\}")
 _ASSIGN = re.compile(r"^[a-zA-Z]\s*=\s*(?=[^=])")
+_SPACES = re.compile(r"\s+")
 _TRAILING_WORDS = re.compile(r"^([-+]?[\d.,/ ]*\d)\s*(?:[a-zA-Z][a-zA-Z ]*|%)$")
 _SCALE_WORDS = frozenset({"thousand", "million", "billion", "trillion"})
 _SYMBOLS = {"\\cdot": "*", "\\times": "*", "\\pi": "pi", "\\infty": "oo", "\\ln": "log", "\\log": "log",
@@ -39,19 +40,20 @@ def clean_latex(answer: str) -> str:
     for token in _DROP:
         text = text.replace(token, "")
     text = text.replace("\\%", "%").replace("\\{", "{").replace("\\}", "}")
-    previous = None
-    while previous != text:
-        previous = text
-        text = _TEXT.sub(r"\1", text)
-        text = _FRAC.sub(r"((\1)/(\2))", text)
-        text = _FRAC_SHORT.sub(r"((\1)/(\2))", text)
-        text = _SQRT_N.sub(r"((\2)^(1/(\1)))", text)
-        text = _SQRT.sub(r"sqrt(\1)", text)
-    for latex, plain in _SYMBOLS.items():
-        text = text.replace(latex, f" {plain} " if plain.isalpha() else plain)
+    if "\\" in text:  # every pattern and symbol below starts with a backslash
+        previous = None
+        while previous != text:
+            previous = text
+            text = _TEXT.sub(r"\1", text)
+            text = _FRAC.sub(r"((\1)/(\2))", text)
+            text = _FRAC_SHORT.sub(r"((\1)/(\2))", text)
+            text = _SQRT_N.sub(r"((\2)^(1/(\1)))", text)
+            text = _SQRT.sub(r"sqrt(\1)", text)
+        for latex, plain in _SYMBOLS.items():
+            text = text.replace(latex, f" {plain} " if plain.isalpha() else plain)
     text = text.replace("{", "(").replace("}", ")").replace("\\", "")
     text = _ASSIGN.sub("", text.strip())
-    return re.sub(r"\s+", " ", text).strip()
+    return _SPACES.sub(" ", text).strip()
 
 
 def as_number(text: str) -> Fraction | None:
@@ -137,7 +139,7 @@ class MathVerifier(Verifier):
         if na is not None and nb is not None:
             # integers and fractions compare exactly; the tolerance is for written decimals
             decimal = any(re.search(r"\d\.\d|\de", t) for t in (a, b))
-            close = abs(na - nb) <= Fraction(self.tolerance) * max(abs(na), abs(nb))
+            close = abs(na - nb) <= exact(self.tolerance) * max(abs(na), abs(nb))
             same = na == nb or (decimal and close)
             return ("equal" if same else "different"), "numeric"
         ta, tb = _split_tuple(a), _split_tuple(b)

@@ -189,4 +189,10 @@ def same_value(a: str, b: str, rel_tol: float = 1e-9) -> bool:
 def _close(a: Fraction, b: Fraction, rel_tol: float) -> bool:
     if a == b:
         return True
-    return abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
+    return abs(a - b) <= exact(rel_tol) * max(abs(a), abs(b))
+
+
+@functools.lru_cache(maxsize=64)
+def exact(value: float) -> Fraction:
+    """The exact value of a float as a Fraction, remembered (tolerances repeat on every record)."""
+    return Fraction(value)
