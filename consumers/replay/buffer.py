@@ -140,9 +140,12 @@ class ReplayBuffer:
             for f in self.log.added_files(version)
             if f.shard(self.config.num_shards) == self.config.shard and f.path not in self.partial
         ]
-        for file in files:
-            chunk = self._read(file)  # read ahead of the limiter's permission: the prefetch
-            with self._cond:
+        # Every file of the version is read before any is inserted, and they are inserted under one
+        # hold of the lock unless the limiter makes the reader wait: a version's files are often one
+        # per bucket, and a sampler that saw only some of them would draw a mix the version lacks.
+        chunks = [(file, self._read(file)) for file in files]  # ahead of the limiter: the prefetch
+        with self._cond:
+            for file, chunk in chunks:
                 while not self._stop.is_set() and not (self._starved or self.limiter.can_insert(len(chunk))):
                     self.fleet_ahead = True
                     self._cond.wait(0.5)
@@ -151,7 +154,6 @@ class ReplayBuffer:
                 self.fleet_ahead = False
                 self._insert(chunk)
                 self.partial.add(file.path)
-        with self._cond:
             self.read_to = version
             self.partial.clear()
             if self.first_version_read is None:
