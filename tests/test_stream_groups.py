@@ -35,6 +35,36 @@ def members(rewards, statuses=None, components=None, lengths=None):
     ]
 
 
+def _reference_advantages(values, mode, epsilon=1e-6):
+    """Advantages the way numpy's mean and std compute them."""
+    array = np.asarray(values, dtype=np.float64)
+    centered = array - array.mean()
+    return centered if mode == "dr_grpo" else centered / (array.std() + epsilon)
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dr_grpo"])
+def test_advantages_are_bit_identical_to_numpy_mean_and_std(mode):
+    rng = random.Random(5)
+    for _ in range(2000):
+        n = rng.randint(2, 40)
+        draw = rng.choice(
+            [lambda: rng.random(), lambda: float(rng.randint(0, 1)), lambda: rng.uniform(-1e6, 1e6)]
+        )
+        rewards = [draw() for _ in range(n)]
+        got = decide_group(members(rewards), GroupNormalization(mode=mode), status="timed_out").advantages
+        assert got == _reference_advantages(rewards, mode).tolist()
+        parts = [{"a": r, "b": draw()} for r in rewards]
+        per = decide_group(
+            members(rewards, components=parts),
+            GroupNormalization(mode=mode, per_component=True),
+            status="complete",
+        ).advantages
+        expected = _reference_advantages([p["a"] for p in parts], mode) + _reference_advantages(
+            [p["b"] for p in parts], mode
+        )
+        assert per == expected.tolist()
+
+
 def test_grpo_and_dr_grpo():
     rewards = [1.0, 0.0, 0.5, 0.0]
     grpo = decide_group(members(rewards), GroupNormalization(), status="complete")
