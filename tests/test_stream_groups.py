@@ -300,6 +300,27 @@ def test_domains_of_different_scales_standardize(tmp_path):
         assert abs(values.std() - 1.0) < 0.1, domain
 
 
+@pytest.mark.parametrize("overlong", [None, OverlongPenalty(max_tokens=64, cache_tokens=32)])
+def test_rows_carry_the_overlong_penalty_only_when_configured(tmp_path, overlong):
+    codec = TrajectoryCodec()
+    fleet = SyntheticFleet(seed=3, group_size=4).trajectories(400)
+    records = [{**r, "precomputed_reward": 1.0} for r in fleet if r["task_type"] == "precomputed"]
+    stage = _stage(tmp_path, normalization=GroupNormalization(overlong=overlong))
+    stage.run(_messages(records, codec))
+    stage.flush()
+    frame = pl.read_delta(str(tmp_path / "trajectories"))
+    assert frame.height == len(records) > 0
+    penalties = []
+    for row in frame.iter_rows(named=True):
+        components = dict(row["reward_components"] or [])
+        if overlong is None:
+            assert row["reward"] == 1.0 and "overlong_penalty" not in components
+        else:
+            penalties.append(components["overlong_penalty"])
+            assert components["overlong_penalty"] == pytest.approx(row["reward"] - 1.0)
+    assert overlong is None or min(penalties) < 0.0
+
+
 def test_txn_app_ids_no_longer_collide_and_old_ones_still_read(tmp_path):
     assert legacy_txn_app_id("p-x", "1", 0) == legacy_txn_app_id("p", "x-1", 0)
     assert txn_app_id("p-x", "1", 0) != txn_app_id("p", "x-1", 0)
