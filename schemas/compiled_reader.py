@@ -3,7 +3,7 @@
 The counterpart of compiled_writer.py. fastavro's reader dispatches on each field's type on every
 call: about 20 µs of CPU for an 8 KB fleet trajectory here, the largest part of decoding it in the
 stream stage. The compiled function runs straight through the schema's fields instead, with the
-one-byte varints (most ints, lengths and union indexes) read inline.
+one- and two-byte varints (most ints, lengths and union indexes) read inline.
 
 It covers the types the contract uses: string, bytes, int, long, double, long timestamp-millis
 (read by fastavro's own logical reader), map, array, record, and a union of null with one of
@@ -68,11 +68,16 @@ class _Source:
 
 
 def _long(src: _Source, indent: int, var: str) -> None:
-    """Lines reading a zigzag varint into `var`, a one-byte one inline."""
+    """Lines reading a zigzag varint into `var`, a one- or two-byte one inline (lengths of the
+    token and text fields take two bytes)."""
     src.line(indent, "b = d[p]")
     src.line(indent, "if b < 128:")
     src.line(indent + 4, f"{var} = (b >> 1) ^ -(b & 1)")
     src.line(indent + 4, "p += 1")
+    src.line(indent, "elif d[p + 1] < 128:")
+    src.line(indent + 4, "b = (b & 127) | (d[p + 1] << 7)")
+    src.line(indent + 4, f"{var} = (b >> 1) ^ -(b & 1)")
+    src.line(indent + 4, "p += 2")
     src.line(indent, "else:")
     src.line(indent + 4, f"{var}, p = long_at(d, p)")
 

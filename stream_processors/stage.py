@@ -410,10 +410,12 @@ class Stage:
             found = part.stats.domains.get(domain)
             if found is not None:
                 merged = merged.merged(found)
+        penalized = self.normalization.overlong is not None  # else rewards and components are as judged
         for i, s in enumerate(samples):
             verdict = s.verdict
-            if outcome.rewards[i] != verdict.reward or outcome.components[i] != dict(
-                verdict.reward_components
+            if penalized and (
+                outcome.rewards[i] != verdict.reward
+                or outcome.components[i] != dict(verdict.reward_components)
             ):
                 verdict = dataclasses.replace(
                     verdict, reward=outcome.rewards[i], reward_components=outcome.components[i]

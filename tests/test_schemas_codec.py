@@ -462,6 +462,14 @@ def test_the_compiled_reader_matches_fastavro_at_the_edges() -> None:
         _reads_as_fastavro(codec, codec.encode(record))
 
 
+def test_the_compiled_reader_matches_fastavro_at_varint_width_boundaries() -> None:
+    codec = TrajectoryCodec()
+    for value in (63, 64, -64, -65, 8191, -8192, 8192, -8193, 2**20):
+        _reads_as_fastavro(codec, codec.encode(_record(sample_index=value, policy_version=value)))
+    for length in (63, 64, 4095, 4096):
+        _reads_as_fastavro(codec, codec.encode(_record(task_id="t" * length, response_text="r" * length)))
+
+
 def test_a_nan_reward_reads_as_nan() -> None:
     codec = TrajectoryCodec()
     record, _ = codec._compiled_read(codec.encode(_record(precomputed_reward=float("nan"))), HEADER_SIZE)

@@ -13,6 +13,7 @@ from schemas import TrajectoryCodec
 from stream_processors import BatchProcessor, Coordinates, DeadLetter, DeadLetters, DeltaSink, SourceMessage
 from stream_processors.app import ULTRA_MAX_MESSAGE_BYTES, create_app, faust_broker_url
 from stream_processors.exceptions import StreamProcessorError
+from stream_processors.lanes import RAW_MAX_MESSAGE_BYTES
 from stream_processors.preflight import check_stored_offsets, high_watermarks, topic_partition_count
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,6 +42,7 @@ def test_app_settings(tmp_path, bootstrap_servers):
     assert raw["auto.offset.reset"] == "earliest"
     assert raw["enable.auto.commit"] is False and raw["enable.auto.offset.store"] is False
     assert ultra["max.partition.fetch.bytes"] == ULTRA_MAX_MESSAGE_BYTES == 64 * 2**20
+    assert raw["max.partition.fetch.bytes"] == RAW_MAX_MESSAGE_BYTES == 4 * 2**20
     assert (lanes["raw"].batch_size, lanes["ultra"].batch_size) == (500, 4)
     only_raw = create_app(
         bootstrap_servers=bootstrap_servers, lake_dir=tmp_path, ultra_topic=None, raw_partitions=1

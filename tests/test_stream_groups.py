@@ -35,6 +35,36 @@ def members(rewards, statuses=None, components=None, lengths=None):
     ]
 
 
+def _reference_advantages(values, mode, epsilon=1e-6):
+    """Advantages the way numpy's mean and std compute them."""
+    array = np.asarray(values, dtype=np.float64)
+    centered = array - array.mean()
+    return centered if mode == "dr_grpo" else centered / (array.std() + epsilon)
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dr_grpo"])
+def test_advantages_are_bit_identical_to_numpy_mean_and_std(mode):
+    rng = random.Random(5)
+    for _ in range(2000):
+        n = rng.randint(2, 40)
+        draw = rng.choice(
+            [lambda: rng.random(), lambda: float(rng.randint(0, 1)), lambda: rng.uniform(-1e6, 1e6)]
+        )
+        rewards = [draw() for _ in range(n)]
+        got = decide_group(members(rewards), GroupNormalization(mode=mode), status="timed_out").advantages
+        assert got == _reference_advantages(rewards, mode).tolist()
+        parts = [{"a": r, "b": draw()} for r in rewards]
+        per = decide_group(
+            members(rewards, components=parts),
+            GroupNormalization(mode=mode, per_component=True),
+            status="complete",
+        ).advantages
+        expected = _reference_advantages([p["a"] for p in parts], mode) + _reference_advantages(
+            [p["b"] for p in parts], mode
+        )
+        assert per == expected.tolist()
+
+
 def test_grpo_and_dr_grpo():
     rewards = [1.0, 0.0, 0.5, 0.0]
     grpo = decide_group(members(rewards), GroupNormalization(), status="complete")
@@ -268,6 +298,27 @@ def test_domains_of_different_scales_standardize(tmp_path):
         values = g.sort("offset")["domain_reward"].to_numpy()
         assert abs(values.mean()) < 0.1, domain
         assert abs(values.std() - 1.0) < 0.1, domain
+
+
+@pytest.mark.parametrize("overlong", [None, OverlongPenalty(max_tokens=64, cache_tokens=32)])
+def test_rows_carry_the_overlong_penalty_only_when_configured(tmp_path, overlong):
+    codec = TrajectoryCodec()
+    fleet = SyntheticFleet(seed=3, group_size=4).trajectories(400)
+    records = [{**r, "precomputed_reward": 1.0} for r in fleet if r["task_type"] == "precomputed"]
+    stage = _stage(tmp_path, normalization=GroupNormalization(overlong=overlong))
+    stage.run(_messages(records, codec))
+    stage.flush()
+    frame = pl.read_delta(str(tmp_path / "trajectories"))
+    assert frame.height == len(records) > 0
+    penalties = []
+    for row in frame.iter_rows(named=True):
+        components = dict(row["reward_components"] or [])
+        if overlong is None:
+            assert row["reward"] == 1.0 and "overlong_penalty" not in components
+        else:
+            penalties.append(components["overlong_penalty"])
+            assert components["overlong_penalty"] == pytest.approx(row["reward"] - 1.0)
+    assert overlong is None or min(penalties) < 0.0
 
 
 def test_txn_app_ids_no_longer_collide_and_old_ones_still_read(tmp_path):
