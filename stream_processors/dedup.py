@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pyarrow.dataset as ds
+import polars as pl
 
 from stream_processors.exceptions import SinkError
 from stream_processors.offsets import TopicPartition, TxnTable
@@ -119,23 +119,25 @@ class RecentTrajectories:
         if dt is None:
             return 0
         topic, partition = tp
-        try:
-            found = dt.to_pyarrow_dataset().to_table(
-                columns=["trajectory_id", "offset"],
-                filter=(ds.field("topic") == topic)
-                & (ds.field("partition") == partition)
-                & (ds.field("offset") >= next_offset - self.window),
+        try:  # polars, not an Arrow dataset: HAZARDS.md (the latter can abort the interpreter at exit)
+            found = (
+                pl.scan_delta(dt)
+                .filter(
+                    (pl.col("topic") == topic)
+                    & (pl.col("partition") == partition)
+                    & (pl.col("offset") >= next_offset - self.window)
+                )
+                .select("trajectory_id", "offset")
+                .collect()
             )
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
             raise SinkError(
                 f"reading the recent trajectory ids of {tp} from {table.uri} failed: {exc}; the "
                 "table must be readable to resume (check the lake's storage)"
             ) from exc
         accepted = [
             (int(offset), str(tid))
-            for tid, offset in zip(
-                found.column("trajectory_id").to_pylist(), found.column("offset").to_pylist(), strict=True
-            )
+            for tid, offset in zip(found["trajectory_id"].to_list(), found["offset"].to_list(), strict=True)
         ]
         if decided is not None:
             accepted += decided(tp, next_offset - self.window)
