@@ -113,6 +113,22 @@ def loss_mask_column(
     return RaggedColumn(offsets=response.offsets, values=out)
 
 
+def kept_pieces(
+    prompt_length: npt.NDArray[np.int64],
+    response_length: npt.NDArray[np.int64],
+    logprobs_length: npt.NDArray[np.int64],
+    max_length: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Tokens each row keeps when cut to `max_length`: (prompt, response, logprobs).
+
+    The response keeps its head (up to `max_length` - 1 tokens when there is a prompt), the prompt
+    its tail; the logprobs follow the kept response.
+    """
+    response_keep = np.minimum(response_length, max_length - np.minimum(prompt_length, 1))
+    prompt_keep = np.minimum(prompt_length, max_length - response_keep)
+    return prompt_keep, response_keep, np.minimum(logprobs_length, response_keep)
+
+
 @dataclass(frozen=True)
 class TrajectoryColumns:
     """The columns a learner needs, ready to gather batches from."""
@@ -155,9 +171,9 @@ class TrajectoryColumns:
         in `input_ids` and `attention_mask` and leave `response_mask`.
         """
         prompt_length = self.prompt.lengths[rows]
-        response_keep = np.minimum(self.response.lengths[rows], max_length - np.minimum(prompt_length, 1))
-        prompt_keep = np.minimum(prompt_length, max_length - response_keep)
-        logprob_keep = np.minimum(self.logprobs.lengths[rows], response_keep)
+        prompt_keep, response_keep, logprob_keep = kept_pieces(
+            prompt_length, self.response.lengths[rows], self.logprobs.lengths[rows], max_length
+        )
         total = prompt_keep + response_keep
         width = max(int(total.max(initial=0)), 1)
         zeros = np.zeros(len(rows), dtype=np.int64)

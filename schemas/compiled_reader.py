@@ -22,16 +22,14 @@ from typing import Any
 
 from fastavro.read import LOGICAL_READERS
 
+from schemas.codegen import Source, UnsupportedSchema
+
 Reader = Callable[[bytes, int], tuple[dict[str, Any], int]]
 """(message, position of the body) -> (record, position after it)."""
 
 
 class Unreadable(Exception):
     """Bytes the compiled reader does not read: decode the message with fastavro instead."""
-
-
-class _Unsupported(Exception):
-    """The schema has a type the compiled reader does not cover."""
 
 
 def long_at(data: bytes, pos: int) -> tuple[int, int]:
@@ -46,28 +44,7 @@ def long_at(data: bytes, pos: int) -> tuple[int, int]:
     raise Unreadable(f"varint longer than 10 bytes at {pos}")
 
 
-class _Source:
-    """The generated function's lines, its constants and its fresh variable names."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.names: dict[str, Any] = {}
-        self._count = 0
-
-    def fresh(self, stem: str) -> str:
-        self._count += 1
-        return f"{stem}{self._count}"
-
-    def constant(self, value: Any) -> str:
-        name = self.fresh("K")
-        self.names[name] = value
-        return name
-
-    def line(self, indent: int, text: str) -> None:
-        self.lines.append(" " * indent + text)
-
-
-def _long(src: _Source, indent: int, var: str) -> None:
+def _long(src: Source, indent: int, var: str) -> None:
     """Lines reading a zigzag varint into `var`, a one- or two-byte one inline (lengths of the
     token and text fields take two bytes)."""
     src.line(indent, "b = d[p]")
@@ -82,11 +59,11 @@ def _long(src: _Source, indent: int, var: str) -> None:
     src.line(indent + 4, f"{var}, p = long_at(d, p)")
 
 
-def _value(src: _Source, schema: Any, var: str, indent: int) -> None:
-    """Lines reading a value of `schema` into variable `var`; raise _Unsupported for other types."""
+def _value(src: Source, schema: Any, var: str, indent: int) -> None:
+    """Lines reading a value of `schema` into variable `var`; raise UnsupportedSchema for other types."""
     if isinstance(schema, Mapping) and schema.get("type") == "long" and "logicalType" in schema:
         if schema["logicalType"] != "timestamp-millis":
-            raise _Unsupported(schema["logicalType"])
+            raise UnsupportedSchema(schema["logicalType"])
         convert = src.constant(LOGICAL_READERS["long-timestamp-millis"])
         _long(src, indent, var)
         src.line(indent, f"{var} = {convert}({var}, {src.constant(schema)}, {src.constant(schema)})")
@@ -95,7 +72,7 @@ def _value(src: _Source, schema: Any, var: str, indent: int) -> None:
         schema = schema["type"]
     if isinstance(schema, list):
         if len(schema) != 2 or schema[0] != "null" or schema[1] == "null" or isinstance(schema[1], list):
-            raise _Unsupported(schema)
+            raise UnsupportedSchema(schema)
         src.line(indent, "b = d[p]")
         src.line(indent, "p += 1")
         src.line(indent, "if b == 0:")
@@ -121,10 +98,10 @@ def _value(src: _Source, schema: Any, var: str, indent: int) -> None:
     elif isinstance(schema, Mapping) and schema.get("type") == "record":
         _fields(src, schema, var, indent)
     else:
-        raise _Unsupported(schema)
+        raise UnsupportedSchema(schema)
 
 
-def _items(src: _Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
+def _items(src: Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
     """A map or an array: blocks of items until the empty block (a negative count is Unreadable)."""
     n, item = src.fresh("n"), src.fresh("i")
     is_map = schema["type"] == "map"
@@ -145,7 +122,7 @@ def _items(src: _Source, schema: Mapping[str, Any], var: str, indent: int) -> No
         src.line(indent + 8, f"{var}.append({item})")
 
 
-def _fields(src: _Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
+def _fields(src: Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
     """A record's fields in order, then the dict of them in `var`."""
     values = []
     for field in schema["fields"]:
@@ -164,19 +141,17 @@ def compile_reader(schema: Mapping[str, Any]) -> Reader | None:
     """
     if schema.get("type") != "record":
         return None
-    src = _Source()
+    src = Source()
     src.line(0, "def read(d, p):")
     try:
         _fields(src, schema, "r", 4)
-    except _Unsupported:
+    except UnsupportedSchema:
         return None
     src.line(4, "return r, p")
-    names: dict[str, Any] = {
-        **src.names,
+    globals_ = {
         "long_at": long_at,
         "unpack_double": struct.Struct("<d").unpack_from,
         "Unreadable": Unreadable,
     }
-    exec(compile("\n".join(src.lines), f"<avro reader of {schema.get('name')}>", "exec"), names)
-    read: Reader = names["read"]
+    read: Reader = src.function("read", f"<avro reader of {schema.get('name')}>", globals_)
     return read

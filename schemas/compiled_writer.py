@@ -21,6 +21,8 @@ from typing import Any
 
 from fastavro.write import LOGICAL_WRITERS
 
+from schemas.codegen import Source, UnsupportedSchema
+
 Writer = Callable[[Mapping[str, Any]], bytes]
 
 _TABLE = 1 << 14
@@ -30,10 +32,6 @@ _RANGES = {"int": (-(1 << 31), 1 << 31), "long": (-(1 << 63), 1 << 63)}
 
 class Unsupported(Exception):
     """The value is not one the compiled writer takes: write the record with fastavro instead."""
-
-
-class _Unsupported(Exception):
-    """The schema has a type the compiled writer does not cover."""
 
 
 def varint(value: int) -> bytes:
@@ -46,37 +44,16 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-class _Source:
-    """The generated function's lines, its constants and its fresh variable names."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.names: dict[str, Any] = {}
-        self._count = 0
-
-    def fresh(self, stem: str) -> str:
-        self._count += 1
-        return f"{stem}{self._count}"
-
-    def constant(self, value: Any) -> str:
-        name = self.fresh("K")
-        self.names[name] = value
-        return name
-
-    def line(self, indent: int, text: str) -> None:
-        self.lines.append(" " * indent + text)
-
-
-def _prefix(src: _Source, indent: int, length: str) -> None:
+def _prefix(src: Source, indent: int, length: str) -> None:
     """Append the varint of a non-negative zigzagged integer held in variable `length`."""
     src.line(indent, f"a(V[{length}] if {length} < {_TABLE} else varint({length}))")
 
 
-def _value(src: _Source, schema: Any, var: str, indent: int) -> None:
-    """Lines writing the value in variable `var` as `schema`; raise _Unsupported for other types."""
+def _value(src: Source, schema: Any, var: str, indent: int) -> None:
+    """Lines writing the value in variable `var` as `schema`; raise UnsupportedSchema for other types."""
     if isinstance(schema, Mapping) and schema.get("type") == "long" and "logicalType" in schema:
         if schema["logicalType"] != "timestamp-millis":
-            raise _Unsupported(schema["logicalType"])
+            raise UnsupportedSchema(schema["logicalType"])
         prepare = src.constant(LOGICAL_WRITERS["long-timestamp-millis"])
         src.line(indent, f"if type({var}) is not int: {var} = {prepare}({var}, {src.constant(schema)})")
         schema = "long"
@@ -84,7 +61,7 @@ def _value(src: _Source, schema: Any, var: str, indent: int) -> None:
         schema = schema["type"]
     if isinstance(schema, list):
         if len(schema) != 2 or schema[0] != "null" or schema[1] == "null" or isinstance(schema[1], list):
-            raise _Unsupported(schema)
+            raise UnsupportedSchema(schema)
         src.line(indent, f"if {var} is None:")
         src.line(indent + 4, "a(b'\\x00')")
         src.line(indent, "else:")
@@ -115,10 +92,10 @@ def _value(src: _Source, schema: Any, var: str, indent: int) -> None:
         src.line(indent, f"if type({var}) is not dict or '-type' in {var}: raise Unsupported")
         _fields(src, schema, var, indent)
     else:
-        raise _Unsupported(schema)
+        raise UnsupportedSchema(schema)
 
 
-def _items(src: _Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
+def _items(src: Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
     """A map or an array: one block of all its items (if any), then the empty block."""
     n, item = src.fresh("n"), src.fresh("i")
     if schema["type"] == "map":
@@ -140,7 +117,7 @@ def _items(src: _Source, schema: Mapping[str, Any], var: str, indent: int) -> No
     src.line(indent, "a(b'\\x00')")
 
 
-def _fields(src: _Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
+def _fields(src: Source, schema: Mapping[str, Any], var: str, indent: int) -> None:
     """A record's fields in order; a missing field takes its default (KeyError without one)."""
     for field in schema["fields"]:
         value = src.fresh("v")
@@ -161,24 +138,22 @@ def compile_writer(schema: Mapping[str, Any], prefix: bytes = b"") -> Writer | N
         _VARINTS.extend(varint(z) for z in range(_TABLE))
     if schema.get("type") != "record":
         return None
-    src = _Source()
+    src = Source()
     src.line(0, "def write(r):")
     src.line(4, "if type(r) is not dict: raise Unsupported")
     src.line(4, "p = [PREFIX]")
     src.line(4, "a = p.append")
     try:
         _fields(src, schema, "r", 4)
-    except _Unsupported:
+    except UnsupportedSchema:
         return None
     src.line(4, "return b''.join(p)")
-    names: dict[str, Any] = {
-        **src.names,
+    globals_ = {
         "PREFIX": prefix,
         "V": _VARINTS,
         "varint": varint,
         "pack_double": struct.Struct("<d").pack,
         "Unsupported": Unsupported,
     }
-    exec(compile("\n".join(src.lines), f"<avro writer of {schema.get('name')}>", "exec"), names)
-    write: Writer = names["write"]
+    write: Writer = src.function("write", f"<avro writer of {schema.get('name')}>", globals_)
     return write

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from consumers.batching import RaggedColumn, TrajectoryBatch, TrajectoryColumns
+from consumers.batching import TrajectoryBatch, TrajectoryColumns, kept_pieces
 from consumers.replay.chunk import Chunk
 from consumers.replay.storage import RowIndex
 
@@ -96,46 +96,11 @@ def plan_batches(
     return batches
 
 
-def gather_columns(
-    chunks: Sequence[Chunk], chunk_of: npt.NDArray[np.int64], row_of: npt.NDArray[np.int64]
-) -> TrajectoryColumns:
-    """The selected rows (chunk position, row within it) as one small set of columns, in order."""
-    prompt_parts, response_parts, logprob_parts, mask_parts = [], [], [], []
-    advantages, rewards = [], []
-    ids: list[str] = []
-    order = np.arange(len(row_of))
-    masked = any(chunks[int(c)].loss_mask is not None for c in np.unique(chunk_of))
-    for c in np.unique(chunk_of):
-        inside = order[chunk_of == c]
-        chunk, rows = chunks[int(c)], row_of[inside]
-        prompt_parts.append((inside, _take(chunk.prompt, rows)))
-        response_parts.append((inside, _take(chunk.response, rows)))
-        logprob_parts.append((inside, _take(chunk.logprobs, rows)))
-        if masked:
-            mask_parts.append((inside, _take_mask(chunk, rows)))
-        advantages.append((inside, chunk.advantage[rows]))
-        rewards.append((inside, chunk.reward[rows]))
-    trajectory_ids = np.empty(len(row_of), dtype=object)
-    for c in np.unique(chunk_of):
-        inside = order[chunk_of == c]
-        trajectory_ids[inside] = chunks[int(c)].trajectory_ids[row_of[inside]]
-    ids = [str(i) for i in trajectory_ids]
-    return TrajectoryColumns(
-        prompt=_assemble(prompt_parts, len(row_of)),
-        response=_assemble(response_parts, len(row_of)),
-        logprobs=_assemble(logprob_parts, len(row_of)),
-        advantages=_place(advantages, len(row_of), np.float32),
-        rewards=_place(rewards, len(row_of), np.float32),
-        trajectory_ids=ids,
-        loss_mask=_assemble(mask_parts, len(row_of)) if masked else None,
-    )
-
-
 def padded_rows(chunks: Sequence[Chunk], spans: RowSpans) -> TrajectoryBatch:
     """The padded batch of the rows `spans` locates, copied straight from their chunks.
 
-    The same batch as `TrajectoryColumns.batch` over `gather_columns` (prompt tail, response head,
-    cut to `max_length`). Each kept piece of a row is one slice copy into the batch: rows run to
+    The same batch as `TrajectoryColumns.batch` over those rows (prompt tail, response head, cut to
+    `max_length`). Each kept piece of a row is one slice copy into the batch: rows run to
     hundreds of tokens, so a slice per row and field moves the same bytes as an index per token
     for far less work.
     """
@@ -202,9 +167,9 @@ class RowSpans:
     def of(cls, rows: RowIndex, positions: npt.NDArray[np.int64], max_length: int) -> RowSpans:
         """The spans of the rows at `positions` of `rows`."""
         prompt_length = rows.prompt_length[positions]
-        response_length = rows.length[positions] - prompt_length
-        response_keep = np.minimum(response_length, max_length - np.minimum(prompt_length, 1))
-        prompt_keep = np.minimum(prompt_length, max_length - response_keep)
+        prompt_keep, response_keep, logprobs_keep = kept_pieces(
+            prompt_length, rows.length[positions] - prompt_length, rows.logprobs_length[positions], max_length
+        )
         return cls(
             chunk_of=rows.chunk[positions],
             row_of=rows.row[positions],
@@ -213,7 +178,7 @@ class RowSpans:
             response_from=rows.response_start[positions],
             response_keep=response_keep,
             logprobs_from=rows.logprobs_start[positions],
-            logprobs_keep=np.minimum(rows.logprobs_length[positions], response_keep),
+            logprobs_keep=logprobs_keep,
             total=prompt_keep + response_keep,
             advantages=rows.advantage[positions],
             rewards=rows.reward[positions],
@@ -261,53 +226,3 @@ def pack(padded: TrajectoryBatch) -> dict[str, object]:
         "rewards": padded["rewards"],
         "trajectory_ids": padded["trajectory_ids"],
     }
-
-
-def _take(column: RaggedColumn, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], np.ndarray]:
-    """Lengths and concatenated values of `rows` of a ragged column, vectorized."""
-    starts = column.offsets[rows]
-    lengths = column.offsets[rows + 1] - starts
-    total = int(lengths.sum())
-    if total == 0:
-        return lengths, column.values[:0]
-    within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return lengths, column.values[np.repeat(starts, lengths) + within]
-
-
-def _take_mask(chunk: Chunk, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], np.ndarray]:
-    """Like `_take` on the chunk's loss mask; all True for a chunk without one."""
-    if chunk.loss_mask is not None:
-        return _take(chunk.loss_mask, rows)
-    lengths = chunk.response.lengths[rows]
-    return lengths, np.ones(int(lengths.sum()), dtype=np.bool_)
-
-
-def _assemble(
-    parts: list[tuple[np.ndarray, tuple[npt.NDArray[np.int64], np.ndarray]]], count: int
-) -> RaggedColumn:
-    """Ragged parts (each for some output positions) into one ragged column in output order."""
-    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(count)):
-        lengths, values = parts[0][1]
-        offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return RaggedColumn(offsets=offsets, values=values)
-    lengths = np.zeros(count, dtype=np.int64)
-    for inside, (part_lengths, _) in parts:
-        lengths[inside] = part_lengths
-    offsets = np.zeros(count + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.empty(int(offsets[-1]), dtype=parts[0][1][1].dtype) if parts else np.zeros(0)
-    for inside, (part_lengths, part_values) in parts:
-        total = int(part_lengths.sum())
-        if total == 0:
-            continue
-        within = np.arange(total) - np.repeat(np.cumsum(part_lengths) - part_lengths, part_lengths)
-        values[np.repeat(offsets[inside], part_lengths) + within] = part_values
-    return RaggedColumn(offsets=offsets, values=values)
-
-
-def _place(parts: list[tuple[np.ndarray, np.ndarray]], count: int, dtype: type) -> np.ndarray:
-    out: np.ndarray = np.zeros(count, dtype=dtype)
-    for inside, values in parts:
-        out[inside] = values
-    return out
