@@ -28,7 +28,6 @@ from consumers.replay.collate import (
     pack,
     padded_rows,
     plan_batches,
-    row_labels,
 )
 from consumers.replay.config import ReplayConfig, build_limiter, build_sampler
 from consumers.replay.limiters import RateLimiter
@@ -222,6 +221,7 @@ class ReplayBuffer:
             positions = chosen
             rows = self.storage.rows
             chunks = list(self.storage.chunks)
+            labels = self.storage.labels
             spans = RowSpans.of(rows, positions, self.config.max_length)
             keys = rows.seq[positions]
             policy_versions = rows.policy_version[positions]
@@ -229,7 +229,7 @@ class ReplayBuffer:
             self.sampler.delivered(positions, rows, self.version)
             self.limiter.sampled(len(positions))
             self._cond.notify_all()
-        return self._collate(chunks, spans, keys, policy_versions, buckets)
+        return self._collate(chunks, labels, spans, keys, policy_versions, buckets)
 
     def _deliverable(self) -> npt.NDArray[np.int64] | None:
         """The next planned batch that may go out now, as positions; plans a pool when none is left."""
@@ -287,13 +287,14 @@ class ReplayBuffer:
     def _collate(
         self,
         chunks: list[Chunk],
+        labels: npt.NDArray[np.object_],
         spans: RowSpans,
         keys: npt.NDArray[np.int64],
         policy_versions: npt.NDArray[np.int64],
         buckets: list[str],
     ) -> ReplayBatch | PackedBatch:
         batch = padded_rows(chunks, spans)
-        domains, task_types = row_labels(chunks, spans)
+        domains, task_types = labels[spans.domain].tolist(), labels[spans.task_type].tolist()
         extra: dict[str, Any] = {
             "keys": torch.from_numpy(keys),
             "policy_versions": torch.from_numpy(policy_versions),

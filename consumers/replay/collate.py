@@ -127,18 +127,8 @@ def padded_rows(chunks: Sequence[Chunk], spans: RowSpans) -> TrajectoryBatch:
         old_logprobs=torch.from_numpy(old_logprobs),
         advantages=torch.from_numpy(spans.advantages),
         rewards=torch.from_numpy(spans.rewards),
-        trajectory_ids=[str(chunks[c].trajectory_ids[r]) for c, r in spans.pairs()],
+        trajectory_ids=spans.trajectory_ids.tolist(),
     )
-
-
-def row_labels(chunks: Sequence[Chunk], spans: RowSpans) -> tuple[list[str], list[str]]:
-    """The domain and task type of each row `spans` locates."""
-    domains, task_types = [], []
-    for c, r in spans.pairs():
-        chunk = chunks[c]
-        domains.append(chunk.domains[chunk.domain[r]])
-        task_types.append(chunk.task_types[chunk.task_type[r]])
-    return domains, task_types
 
 
 @dataclass(frozen=True)
@@ -148,7 +138,8 @@ class RowSpans:
     Rows keep the prompt's tail and the response's head, cut to `max_length`: `prompt_from` and
     `prompt_keep` index the chunk's prompt values, `response_from` / `response_keep` and
     `logprobs_from` / `logprobs_keep` likewise; `total` is each row's kept length. Built from the
-    storage's `RowIndex` with one gather per field, so no chunk is visited.
+    storage's `RowIndex` with one gather per field, so no chunk is visited; `domain` and
+    `task_type` are codes into the storage's labels.
     """
 
     chunk_of: npt.NDArray[np.int64]
@@ -162,6 +153,9 @@ class RowSpans:
     total: npt.NDArray[np.int64]
     advantages: npt.NDArray[np.float32]
     rewards: npt.NDArray[np.float32]
+    trajectory_ids: npt.NDArray[np.object_]
+    domain: npt.NDArray[np.int64]
+    task_type: npt.NDArray[np.int64]
 
     @classmethod
     def of(cls, rows: RowIndex, positions: npt.NDArray[np.int64], max_length: int) -> RowSpans:
@@ -182,11 +176,10 @@ class RowSpans:
             total=prompt_keep + response_keep,
             advantages=rows.advantage[positions],
             rewards=rows.reward[positions],
+            trajectory_ids=rows.trajectory_id[positions],
+            domain=rows.domain[positions],
+            task_type=rows.task_type[positions],
         )
-
-    def pairs(self) -> zip[tuple[int, int]]:
-        """(chunk position, row within it) of each row."""
-        return zip(self.chunk_of.tolist(), self.row_of.tolist(), strict=True)
 
     def copies(self) -> zip[tuple[int, int, int, int, int, int, int]]:
         """Per row: (chunk, prompt from, prompt kept, response from, response kept, logprobs from, logprobs kept)."""

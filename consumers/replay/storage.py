@@ -25,7 +25,8 @@ STORAGE_STATE_VERSION = 1
 class RowIndex:
     """Per-row metadata of every stored row, aligned; position i is row i of the buffer.
 
-    `bucket` is a code into the storage's bucket names, with len(names) for a name not among them.
+    `bucket` is a code into the storage's bucket names, with len(names) for a name not among them;
+    `domain` and `task_type` are codes into the storage's `labels`.
     `prompt_start`, `response_start` and `logprobs_start` are where the row's values begin in its
     chunk's flat token columns; with `prompt_length` and `logprobs_length` (the response's is
     `length - prompt_length`) a batch finds every row's tokens without visiting its chunk.
@@ -44,18 +45,31 @@ class RowIndex:
     response_start: npt.NDArray[np.int64]
     logprobs_start: npt.NDArray[np.int64]
     logprobs_length: npt.NDArray[np.int64]
+    trajectory_id: npt.NDArray[np.object_]
+    domain: npt.NDArray[np.int64]
+    task_type: npt.NDArray[np.int64]
 
     @classmethod
     def empty(cls) -> RowIndex:
         i64 = np.zeros(0, dtype=np.int64)
         f32 = np.zeros(0, dtype=np.float32)
-        return cls(i64, i64, i64, i64, i64, i64, f32, f32, i64, i64, i64, i64, i64)
+        ids = np.zeros(0, dtype=object)
+        return cls(i64, i64, i64, i64, i64, i64, f32, f32, i64, i64, i64, i64, i64, ids, i64, i64)
 
     @classmethod
     def of_chunk(
-        cls, chunk: Chunk, *, position: int, first_seq: int, bucket: npt.NDArray[np.int64]
+        cls,
+        chunk: Chunk,
+        *,
+        position: int,
+        first_seq: int,
+        bucket: npt.NDArray[np.int64],
+        labels: npt.NDArray[np.int64],
     ) -> RowIndex:
-        """The index of a chunk's rows, the chunk stored at `position`, keys from `first_seq` on."""
+        """The index of a chunk's rows, the chunk stored at `position`, keys from `first_seq` on.
+
+        `labels` maps the chunk's domain and task type codes (`Chunk.labels`) to the storage's.
+        """
         count = len(chunk)
         prompt, response, logprobs = chunk.prompt.offsets, chunk.response.offsets, chunk.logprobs.offsets
         return cls(
@@ -72,6 +86,9 @@ class RowIndex:
             response_start=response[:-1],
             logprobs_start=logprobs[:-1],
             logprobs_length=np.diff(logprobs),
+            trajectory_id=chunk.trajectory_ids,
+            domain=labels[chunk.domain],
+            task_type=labels[len(chunk.domains) + chunk.task_type],
         )
 
     def __len__(self) -> int:
@@ -118,6 +135,9 @@ class ChunkStorage:
         self.eviction = eviction
         self.chunks: list[Chunk] = []
         self.rows = RowIndex.empty()
+        self.labels = np.zeros(0, dtype=object)
+        """Domain and task type names by the code `RowIndex.domain` / `task_type` hold."""
+        self._label_codes: dict[str, int] = {}
         self.tokens = 0
         self._next_seq = 0
         self.evicted_rows = 0
@@ -134,13 +154,26 @@ class ChunkStorage:
         codes = {name: i for i, name in enumerate(self.bucket_names)}
         name_codes = np.asarray([codes.get(str(n), len(self.bucket_names)) for n in names], dtype=np.int64)
         added = RowIndex.of_chunk(
-            chunk, position=len(self.chunks), first_seq=self._next_seq, bucket=name_codes[inverse.reshape(-1)]
+            chunk,
+            position=len(self.chunks),
+            first_seq=self._next_seq,
+            bucket=name_codes[inverse.reshape(-1)],
+            labels=self._codes_of((*chunk.domains, *chunk.task_types)),
         )
         self._next_seq += count
         self.chunks.append(chunk)
         self.rows = self.rows.appended(added)
         self.tokens += chunk.tokens
         return count
+
+    def _codes_of(self, names: Sequence[str]) -> npt.NDArray[np.int64]:
+        """The storage's codes for `names`, adding the names it has not seen to `labels`."""
+        new = [n for n in dict.fromkeys(names) if n not in self._label_codes]
+        if new:
+            for name in new:
+                self._label_codes[name] = len(self._label_codes)
+            self.labels = np.asarray(list(self._label_codes), dtype=object)
+        return np.asarray([self._label_codes[n] for n in names], dtype=np.int64)
 
     def over_capacity(self) -> bool:
         """Whether the stored rows or tokens exceed a bound."""
