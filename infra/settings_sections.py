@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.defaults import DEFAULT_SEED, LearnerDefaults, ReplayDefaults, StreamDefaults
+from schemas.defaults import DEFAULT_SEED, LearnerDefaults, ReplayDefaults, RolloutDefaults, StreamDefaults
 
 MANAGED_KAFKA_KEYS = frozenset(
     {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "isolation.level"}
@@ -457,7 +457,9 @@ class LearnerSettings(Section):
 class RolloutSettings(Section):
     """Rollout workers (`rollstream rollout`) and the task queue they take their work from."""
 
-    concurrency: int = Field(default=4, ge=1, description="Tasks a worker generates at once.")
+    concurrency: int = Field(
+        default=RolloutDefaults.concurrency, ge=1, description="Tasks a worker generates at once."
+    )
     dialect: Literal["openai", "generate", "sglang"] = Field(
         default="openai", description="The inference server's API."
     )
@@ -467,7 +469,7 @@ class RolloutSettings(Section):
         description="Start a task only while newest - served version < K (needs the worker's --lake).",
     )
     on_weight_change: Literal["finish", "abort"] = Field(
-        default="finish",
+        default=RolloutDefaults.on_weight_change,
         description="A group whose weights changed mid-generation: publish it, or requeue its task.",
     )
     tasks_topic: Topic = Field(
@@ -509,7 +511,7 @@ class RolloutSettings(Section):
         json_schema_extra=no_flag(),
     )
     task_max_attempts: int = Field(
-        default=3,
+        default=RolloutDefaults.task_max_attempts,
         ge=1,
         description="Attempts after which a failing task becomes a task dead letter; below `task_delivery_limit`.",
         json_schema_extra=no_flag(),
@@ -523,7 +525,7 @@ class RolloutSettings(Section):
         json_schema_extra=no_flag(),
     )
     task_low_every: int = Field(
-        default=4,
+        default=RolloutDefaults.task_low_every,
         ge=2,
         description="While both priority classes wait, at least one start in this many is a low-priority task.",
         json_schema_extra=no_flag(),

@@ -48,6 +48,7 @@ from producers.rollout_metrics import RolloutMetrics
 from producers.tasks.lease import Lease
 from producers.tasks.queue import TaskQueue
 from schemas import pack_float32, pack_int32, pack_mask
+from schemas.defaults import RolloutDefaults
 from schemas.task import Task
 
 log = logging.getLogger(__name__)
@@ -124,9 +125,9 @@ class RolloutOptions:
     """
 
     worker_id: str
-    concurrency: int = 4
+    concurrency: int = RolloutDefaults.concurrency
     max_lag: int | None = None
-    on_weight_change: WeightChange = "finish"
+    on_weight_change: WeightChange = RolloutDefaults.on_weight_change
     vocab_size: int | None = None
     take_timeout_s: float = 1.0
     busy_take_timeout_s: float = 0.1

@@ -1,7 +1,7 @@
 """The defaults a stage's library options share with its settings section, each declared once.
 
 The stages' options (`stream_processors.WorkerOptions` and the parts it configures,
-`consumers.ReplayConfig`, `consumers.LearnerOptions`) and the sections of `infra/settings_sections.py`
+`consumers.ReplayConfig`, `consumers.LearnerOptions`, `producers.RolloutOptions` and `TaskQueue`) and the sections of `infra/settings_sections.py`
 both read them here, where every room may import them: a library call without settings and a
 command with default settings do the same thing. A default of None (off, or derived from another
 option) belongs to the option's type and is not repeated here.
@@ -53,6 +53,15 @@ class ReplayDefaults:
     min_size: Final = 1
     capacity_tokens: Final = 8_000_000
     eviction: Final = "oldest"
+
+
+class RolloutDefaults:
+    """Rollout workers: `RolloutOptions`, the `TaskQueue` and the `[rollout]` settings."""
+
+    concurrency: Final = 4
+    on_weight_change: Final = "finish"
+    task_max_attempts: Final = 3
+    task_low_every: Final = 4
 
 
 class LearnerDefaults:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from infra.cli.common import section_options
 from infra.cli.pipeline import _metrics_port
 from infra.cli.stage_options import keywords, learner_options, replay_config, worker_options
 from infra.settings import Settings
+from producers.rollout import RolloutOptions
+from producers.tasks.queue import TaskQueue
 from schemas.profile import load_profile
 from stream_processors import GroupNormalization, WorkerOptions
 
@@ -53,3 +56,16 @@ def test_set_values_reach_the_options(tmp_path: Path) -> None:
     assert (learner.steps, learner.checkpoint_path) == (None, tmp_path / "ckpt")  # follows until stopped
     flags = {flag for _, flag, _ in section_options("stream")}
     assert {"--metrics-port", "--metrics-host"} <= flags
+
+
+def test_default_settings_give_rollout_workers_and_the_task_queue_their_library_defaults(
+    tmp_path: Path,
+) -> None:
+    rollout = Settings(state_dir=tmp_path).rollout
+    options = RolloutOptions(worker_id="w")
+    queue = inspect.signature(TaskQueue).parameters
+    assert (rollout.concurrency, rollout.on_weight_change) == (options.concurrency, options.on_weight_change)
+    assert (rollout.task_max_attempts, rollout.task_low_every) == (
+        queue["max_attempts"].default,
+        queue["low_every"].default,
+    )

@@ -42,6 +42,7 @@ from producers.tasks.outcomes import Event, OutcomeLog
 from producers.tasks.priorities import PriorityScheduler
 from producers.tasks.sending import TaskSender
 from producers.tasks.topics import TaskTopics
+from schemas.defaults import RolloutDefaults
 from schemas.exceptions import DecodeError
 from schemas.task import TaskCodec, TaskError
 
@@ -131,8 +132,8 @@ class TaskQueue:
         group: str,
         worker_id: str | None = None,
         slots: int = 1,
-        max_attempts: int = 3,
-        low_every: int = 4,
+        max_attempts: int = RolloutDefaults.task_max_attempts,
+        low_every: int = RolloutDefaults.task_low_every,
         extra_config: Mapping[str, Any] | None = None,
         codec: TaskCodec | None = None,
     ) -> None:
