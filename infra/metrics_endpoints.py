@@ -112,14 +112,17 @@ class Scraped:
         """A JSON-ready view, one entry of ``rollstream status --json``'s ``metrics``."""
         return {**self.endpoint.as_dict(), "figures": self.figures, "error": self.error}
 
+    def figures_text(self) -> str:
+        """The role's figures as words and values (or the error)."""
+        if self.error is not None:
+            return self.error
+        shown = [f"{f.label} {_shown(self.figures.get(f.name))}" for f in FIGURES.get(self.endpoint.role, ())]
+        return ", ".join(shown)
+
     def describe(self) -> str:
         """One line: role, pid, url and figures (or the error)."""
         e = self.endpoint
-        head = f"{e.role} (pid {e.pid}) at {e.url}"
-        if self.error is not None:
-            return f"{head}: {self.error}"
-        shown = [f"{f.label} {_shown(self.figures.get(f.name))}" for f in FIGURES.get(e.role, ())]
-        return f"{head}: {', '.join(shown)}"
+        return f"{e.role} (pid {e.pid}) at {e.url}: {self.figures_text()}"
 
 
 def registration_path(state_dir: Path, role: str, pid: int | None = None) -> Path:

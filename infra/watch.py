@@ -1,8 +1,10 @@
 """Live status: the pipeline at a glance, refreshed in place (`rollstream status --watch`).
 
 Each refresh reads only cheap things: broker metadata and end offsets, the processor group's
-committed offsets (its lag per partition), the Delta logs' row counts and versions, and the
-newest MLflow run's last metrics. Rates are differences between two refreshes.
+committed offsets (its lag per partition), the Delta logs' row counts and versions, the
+newest MLflow run's last metrics, and the key figures of every process registered as serving
+Prometheus metrics (infra/metrics_endpoints.py, as `rollstream status` shows them). Rates are
+differences between two refreshes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from infra.metrics_endpoints import Scraped, scrape_all
 from infra.processes import ProcessStatus
 from infra.topics import admin_client
 
@@ -39,6 +42,8 @@ class Snapshot:
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)
     """table name -> (version, rows)."""
     learner: dict[str, Any] = field(default_factory=dict)
+    metrics: list[Scraped] = field(default_factory=list)
+    """Each registered metrics endpoint, scraped."""
     error: str | None = None
 
 
@@ -138,8 +143,12 @@ def take_snapshot(
     group: str = DEFAULT_GROUP,
     storage_options: Mapping[str, str] | None = None,
     kafka_client: Mapping[str, Any] | None = None,
+    state_dir: Path | None = None,
 ) -> Snapshot:
-    """Look at everything once; a part that cannot be read is reported, not raised."""
+    """Look at everything once; a part that cannot be read is reported, not raised.
+
+    `state_dir` holds the metrics endpoints' registrations; None leaves them out.
+    """
     snapshot = Snapshot(time.monotonic(), broker)
     errors = []
     if broker.running:
@@ -155,6 +164,8 @@ def take_snapshot(
         snapshot.learner = learner_progress(tracking_uri)
     except Exception as exc:  # the tracking store may not exist yet
         errors.append(f"mlflow: {exc}")
+    if state_dir is not None:
+        snapshot.metrics = scrape_all(state_dir)  # an endpoint that does not answer says so in its row
     snapshot.error = "; ".join(errors) or None
     return snapshot
 
@@ -191,7 +202,13 @@ def render(now: Snapshot, before: Snapshot | None = None) -> Group:
     learner.add_column("value", justify="right")
     for key, value in sorted(now.learner.items()):
         learner.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    parts: list[Any] = [services, lag, tables, learner]
+    metrics = Table(title="metrics endpoints")
+    for column in ("role", "pid", "url", "figures"):
+        metrics.add_column(column)
+    for scraped in now.metrics:
+        e = scraped.endpoint
+        metrics.add_row(e.role, str(e.pid), e.url, scraped.figures_text())
+    parts: list[Any] = [services, lag, tables, learner, metrics]
     if now.error:
         parts.append(f"[yellow]{now.error}[/yellow]")
     return Group(*parts)

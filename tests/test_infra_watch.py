@@ -9,16 +9,22 @@ import subprocess
 import sys
 import time
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-def run_in_pty(argv: list[str], timeout_s: float = 120.0) -> tuple[int, str]:
-    """Run `argv` with a pseudo terminal as stdout/stderr; returns (exit code, everything it drew)."""
+from infra.metrics_endpoints import register
+
+
+def run_in_pty(
+    argv: list[str], timeout_s: float = 120.0, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run `argv` with a pseudo terminal as stdout/stderr, `env` added to ours; returns (exit code, everything it drew)."""
     master, slave = os.openpty()
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
-        env={**os.environ, "COLUMNS": "120", "TERM": "xterm", "PYTHONFAULTHANDLER": "1"},
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm", "PYTHONFAULTHANDLER": "1", **(env or {})},
     )
     os.close(slave)
     chunks: list[bytes] = []
@@ -96,3 +102,24 @@ def test_status_watch_ends_cleanly_on_ctrl_c(bootstrap_servers):
     assert code == 0, text[-2000:]
     assert "Traceback" not in text
     assert "\x1b[1A" in text or "\x1b[2K" in text  # redrawn in place
+
+
+def test_status_watch_shows_the_figures_scraped_from_registered_endpoints(tmp_path):
+    """A process registered as serving metrics appears in the view with its role's figures."""
+    registry = CollectorRegistry()
+    Counter("rollstream_stream_rows", "rows written", registry=registry).inc(1234)
+    Gauge("rollstream_stream_groups_pending", "groups waiting", registry=registry).set(7)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        register(tmp_path, "stream", url)
+        code, screen = run_in_pty(
+            [sys.executable, "-m", "infra.cli", "status", "--watch", "--iterations", "1"],
+            env={"ROLLSTREAM_STATE_DIR": str(tmp_path), "COLUMNS": "250"},
+        )
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+    assert code == 0, screen[-2000:]
+    assert "metrics endpoints" in screen and url in screen
+    assert "rows 1234" in screen and "pending groups 7" in screen, screen[-2000:]

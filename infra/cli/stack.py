@@ -64,7 +64,10 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     watch: Annotated[
         bool,
-        typer.Option("--watch", help="live view: lag per partition, rows/s, tables, learner; Ctrl-C ends"),
+        typer.Option(
+            "--watch",
+            help="live view: lag per partition, rows/s, tables, learner, metrics endpoints; Ctrl-C ends",
+        ),
     ] = False,
     interval: Annotated[float, typer.Option("--interval", help="seconds between --watch refreshes")] = 2.0,
     iterations: Annotated[
@@ -92,6 +95,7 @@ def status(
                 group=group,
                 storage_options=settings.delta_storage_options(),
                 kafka_client=settings.kafka_client,
+                state_dir=settings.state_dir,
             )
 
         watch_view(look, interval_s=interval, iterations=iterations)
