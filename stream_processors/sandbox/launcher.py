@@ -18,13 +18,15 @@ in the execution's cgroup from their first instruction, as before.
 
 Protocol: over a private SOCK_SEQPACKET pair (nothing but the worker holds its other end, so the
 pickles are the worker's own), the worker sends one message per execution, a
-pickled `Request` with six descriptors (bwrap's stdin, stdout, stderr, its status pipe, its start
-pipe, and a reply socket of that execution's own). The launcher hands the first five to a spare,
-then on the reply socket sends ``("started", pid)`` with a pidfd of the spare that is becoming
-bwrap (opened before it can be reaped), or ``("failed", message)``; once bwrap ends it sends
-``("ended", wait status, CPU seconds of bwrap)``. A spare that cannot finish the set-up or exec
-bwrap ends with FAILED_IN_CHILD, saying why on the execution's stderr. bwrap gets only its three
-streams and the status and start pipes.
+pickled `Request` with its descriptors (bwrap's stdin, stdout, stderr, its status pipe, its start
+pipe, a memory file per task file, and last a reply socket of that execution's own). The launcher
+hands all but the reply socket to a spare, which puts them at 0, 1, 2, then STATUS_FD, START_FD
+and from FIRST_FILE_FD on (the numbers bwrap's argv names), then on the reply socket sends
+``("started", pid)`` with a pidfd of the spare that is becoming bwrap (opened before it can be
+reaped), or ``("failed", message)``; once bwrap ends it sends ``("ended", wait status, CPU
+seconds of bwrap)``. A spare that cannot finish the set-up or exec bwrap ends with
+FAILED_IN_CHILD, saying why on the execution's stderr. bwrap gets only those descriptors.
+One thread serves it all: the control socket and a pidfd per running bwrap in one poll.
 When the worker goes (the control socket reaches EOF) the launcher ends its spares, removes their
 cgroups and exits, and every bwrap it started dies with it (``--die-with-parent``), taking its PID
 namespace along. Spares of a launcher that was killed see their socket close and exit; the worker
@@ -34,9 +36,12 @@ removes their cgroups when it starts the next launcher.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import gc
 import itertools
 import os
 import pickle
+import select
 import signal
 import socket
 import subprocess
@@ -47,15 +52,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from stream_processors.sandbox.bwrap import MAX_FILES
 from stream_processors.sandbox.limits import Limits, apply_rlimits
 from stream_processors.sandbox.pids import PidsCgroup
 from stream_processors.sandbox.privileges import FAILED_IN_CHILD, Staging, drop_privileges, fail_in_child
 
 _MAX_MESSAGE = 1 << 20
-_FDS = 6
-_BWRAP_FDS = 5
+_BWRAP_FDS = 5 + MAX_FILES
+"""Most descriptors bwrap is given: its three streams, status and start pipes, the task's files."""
+_FDS = _BWRAP_FDS + 1
+"""Most descriptors of a request: bwrap's, then the execution's reply socket."""
 SPARES = 2
 """Children the launcher keeps waiting in their joined cgroups (the pool's default size)."""
+_JOINED = b"j"
+"""What a spare sends once it has tried to join its cgroup (a rename before that would lose it)."""
 SPARE_PREFIX = "spare-"
 """Name prefix of a waiting spare's cgroup; an execution's cgroup never starts with it."""
 
@@ -101,6 +111,7 @@ class _Spare:
         """
         cgroup = PidsCgroup(cgroups, name, 1)  # the spare alone; its execution's limit comes later
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        gc.freeze()  # the collector then leaves the launcher's objects alone: fewer pages copied on write
         try:
             pid = os.fork()
         except OSError:
@@ -127,6 +138,7 @@ class _Spare:
 
 def _spare_main(sock: socket.socket, cgroup: PidsCgroup) -> NoReturn:
     """A spare's life: join its cgroup, wait for a request, finish the child set-up, exec bwrap."""
+    gc.disable()  # it execs soon: a collection would only copy the launcher's pages
     os.closerange(3, sock.fileno())  # the launcher's sockets and other spares' are not ours
     os.closerange(sock.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
     joined: str | None = None
@@ -135,21 +147,21 @@ def _spare_main(sock: socket.socket, cgroup: PidsCgroup) -> NoReturn:
     except OSError as exc:
         joined = f"cannot join the execution's pids cgroup: {exc}"
     try:
+        sock.send(_JOINED)  # the launcher renames the cgroup only after this
         data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, _BWRAP_FDS)
     except OSError:
         os._exit(0)
-    if not data or len(fds) != _BWRAP_FDS:
+    if not data or len(fds) < 5:
         os._exit(0)  # the launcher ended: nothing to run
+    sock.close()  # before the descriptors move: its number may be one of their targets
     request: Request = pickle.loads(data)
-    stdin, stdout, stderr, status, start = fds
-    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
-        os.dup2(fd, target)
-    for fd in (status, start):
-        os.set_inheritable(fd, True)
-    for fd in (stdin, stdout, stderr):
-        if fd not in (0, 1, 2, status, start):
-            os.close(fd)
-    sock.close()
+    kept = len(fds) - 3  # status pipe, start pipe, the task's files: descriptors 3, 4, 5, ... for bwrap
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3 + len(fds)) for fd in fds]  # above every target
+    for fd in fds:
+        os.close(fd)
+    for target, fd in enumerate(moved):
+        os.dup2(fd, target)  # inheritable: bwrap gets them
+        os.close(fd)
     # what subprocess does for a child: Python's ignored SIGPIPE and SIGXFSZ back to their defaults
     for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
         if hasattr(signal, name):
@@ -158,13 +170,8 @@ def _spare_main(sock: socket.socket, cgroup: PidsCgroup) -> NoReturn:
     if joined is not None:
         fail_in_child(joined)
     child_setup(request.limits, request.uid, request.staging)
-    kept = sorted((status, start))
-    os.closerange(3, kept[0])
-    os.closerange(kept[0] + 1, kept[1])
-    os.closerange(kept[1] + 1, os.sysconf("SC_OPEN_MAX"))
-    argv = list(request.argv)
-    for option, fd in (("--json-status-fd", status), ("--block-fd", start)):
-        argv[argv.index(option) + 1] = str(fd)  # bwrap's options: the first of each, before "--"
+    os.closerange(3 + kept, os.sysconf("SC_OPEN_MAX"))
+    argv = request.argv
     try:
         # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1: give it none
         os.execve(argv[0], argv, {})
@@ -178,72 +185,120 @@ def _send(reply: socket.socket, message: tuple[object, ...], fds: list[int] | No
         socket.send_fds(reply, [pickle.dumps(message)], fds or [])
 
 
-def _start(request: Request, fds: list[int], spare: _Spare) -> None:
-    """Hand one execution to `spare`, report it on its reply socket, wait for it, report its end."""
+def _hand_over(request: Request, fds: list[int], spare: _Spare) -> _Running | None:
+    """Hand one execution to `spare` and report it on its reply socket: what to wait for, or None
+    when it did not start (reported as failed)."""
     *bwrap_fds, reply_fd = fds
     reply = socket.socket(fileno=reply_fd)
     try:
         try:
+            if spare.sock.recv(len(_JOINED)) != _JOINED:  # it has tried to join its cgroup
+                raise OSError("the launcher child ended before it joined its cgroup")
             spare.cgroup = spare.cgroup.rename(request.cgroup_name)
             spare.cgroup.limit(request.limits.processes)
             socket.send_fds(spare.sock, [pickle.dumps(request)], bwrap_fds)
         except OSError as exc:
             spare.retire()
             _send(reply, ("failed", f"cannot hand the execution to a launcher child: {exc}"))
-            return
+            reply.close()
+            return None
         finally:
             for fd in bwrap_fds:
                 os.close(fd)
             spare.sock.close()
-        pidfd = os.pidfd_open(spare.pid)  # the spare is not reaped before the wait4 below
         try:
-            _send(reply, ("started", spare.pid), [pidfd])
-        finally:
-            os.close(pidfd)
-        _, wait_status, rusage = os.wait4(spare.pid, 0)
-        _send(reply, ("ended", wait_status, rusage.ru_utime + rusage.ru_stime))
-    finally:
+            pidfd = os.pidfd_open(spare.pid)  # the spare is not reaped before `_Running.end`
+        except OSError as exc:
+            os.kill(spare.pid, signal.SIGKILL)  # never a bwrap the launcher cannot follow
+            os.waitpid(spare.pid, 0)
+            _send(reply, ("failed", f"cannot follow the launcher child: {exc}"))
+            reply.close()
+            return None
+    except BaseException:
         reply.close()
+        raise
+    _send(reply, ("started", spare.pid), [pidfd])
+    return _Running(spare.pid, pidfd, reply)
+
+
+class _Running:
+    """An execution whose bwrap runs: its pid, a pidfd that turns readable when it ends, and the
+    reply socket its end is reported on."""
+
+    def __init__(self, pid: int, pidfd: int, reply: socket.socket) -> None:
+        self.pid, self.pidfd, self.reply = pid, pidfd, reply
+
+    def end(self) -> None:
+        """Reap bwrap (it has ended: its pidfd is readable) and report its wait status and CPU."""
+        try:
+            _, wait_status, rusage = os.wait4(self.pid, 0)
+            _send(self.reply, ("ended", wait_status, rusage.ru_utime + rusage.ru_stime))
+        except ChildProcessError:
+            pass  # not ours to reap: the worker reads the closed reply as the launcher's failure
+        finally:
+            os.close(self.pidfd)
+            self.reply.close()
 
 
 def serve(control: socket.socket, cgroups: Path) -> None:
     """Start an execution per message on `control` until the worker closes it, on spares whose
-    cgroups are made under `cgroups`."""
+    cgroups are made under `cgroups`; report each one's end when its pidfd turns readable.
+
+    One thread does it all: a request is handed to a waiting spare and answered before a new
+    spare is forked, and no thread is started per execution.
+    """
     names = (f"{SPARE_PREFIX}{os.getpid()}-{n}" for n in itertools.count())
     spares: deque[_Spare] = deque()
+    running: dict[int, _Running] = {}
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
 
     def refill() -> None:
-        with contextlib.suppress(OSError):  # tried again at the next request
+        with contextlib.suppress(OSError):  # tried again after the next event
             while len(spares) < SPARES:
                 spares.append(_Spare.fork(cgroups, next(names)))
 
     try:
-        refill()
         while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(control, _MAX_MESSAGE, _FDS)
-            except InterruptedError:
-                continue
-            if not data:
-                return
-            if len(fds) != _FDS:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            try:
-                spare = spares.popleft() if spares else _Spare.fork(cgroups, next(names))
-            except OSError as exc:
-                for fd in fds[:-1]:
-                    os.close(fd)
-                reply = socket.socket(fileno=fds[-1])
-                _send(reply, ("failed", f"cannot create the pids cgroup or process of an execution: {exc}"))
-                reply.close()
-                continue
-            threading.Thread(target=_start, args=(pickle.loads(data), fds, spare), daemon=True).start()
             refill()
+            for fd, _ in poller.poll():
+                if fd != control.fileno():
+                    poller.unregister(fd)
+                    running.pop(fd).end()
+                    continue
+                try:
+                    data, fds, _, _ = socket.recv_fds(control, _MAX_MESSAGE, _FDS)
+                except InterruptedError:
+                    continue
+                if not data:
+                    return
+                started = _request(pickle.loads(data), fds, spares, cgroups, next(names))
+                if started is not None:
+                    running[started.pidfd] = started
+                    poller.register(started.pidfd, select.POLLIN)
     finally:
         for spare in spares:
             spare.retire()
+
+
+def _request(
+    request: Request, fds: list[int], spares: deque[_Spare], cgroups: Path, name: str
+) -> _Running | None:
+    """Start `request` on a waiting spare (forked now when none waits); None when it did not start."""
+    if len(fds) < 6:
+        for fd in fds:
+            os.close(fd)
+        return None
+    try:
+        spare = spares.popleft() if spares else _Spare.fork(cgroups, name)
+    except OSError as exc:
+        for fd in fds[:-1]:
+            os.close(fd)
+        reply = socket.socket(fileno=fds[-1])
+        _send(reply, ("failed", f"cannot create the pids cgroup or process of an execution: {exc}"))
+        reply.close()
+        return None
+    return _hand_over(request, fds, spare)
 
 
 def main() -> None:
@@ -294,7 +349,7 @@ class Launcher:
             )
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-c", code, str(theirs.fileno()), str(self.cgroups)],
+                    [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno()), str(self.cgroups)],
                     pass_fds=(theirs.fileno(),),
                 )
             finally:
@@ -302,10 +357,9 @@ class Launcher:
             self._control = ours
             return ours
 
-    def spawn(
-        self, request: Request, stdin: int, stdout: int, stderr: int, status: int, start: int
-    ) -> socket.socket:
-        """Ask the launcher to start `request` on those descriptors; returns the reply socket.
+    def spawn(self, request: Request, fds: list[int]) -> socket.socket:
+        """Ask the launcher to start `request` on `fds` (bwrap's stdin, stdout, stderr, status and
+        start pipes, the task's files); returns the reply socket.
 
         Raises:
             OSError: the launcher could not be reached.
@@ -313,7 +367,7 @@ class Launcher:
         reply, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             data = pickle.dumps(request)
-            fds = [stdin, stdout, stderr, status, start, theirs.fileno()]
+            fds = [*fds, theirs.fileno()]
             try:
                 socket.send_fds(self._ensure(), [data], fds)
             except OSError:  # the launcher ended: start another once

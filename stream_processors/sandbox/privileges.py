@@ -8,7 +8,7 @@ execution running at once gets an id of its own (`HostIds`), so code that got ou
 execution's namespaces still cannot signal, trace or read another's processes: it would need to
 be root, or the other's uid. bwrap makes its bind mounts with its caller's access, and that id cannot
 reach what lives under /root (mode 0700): the interpreter's prefix, the wheel's bwrap, maybe the
-task and environment directories. So the child first enters a mount namespace of its own, covers
+environment directory (the task's files reach bwrap as open memory files). So the child first enters a mount namespace of its own, covers
 STAGE with a small tmpfs there, and binds those directories into it (`Staging`); bwrap binds them
 from there. Nothing of that is seen by the host's mount table, and it ends with the execution.
 
@@ -117,11 +117,10 @@ class HostIds:
 @dataclass(frozen=True, slots=True)
 class Paths:
     """What one execution's bwrap reads on the host: its binary, and the directories it binds
-    (the interpreter's prefix, the task directory, the environment or None)."""
+    (the interpreter's prefix, the environment or None)."""
 
     binary: str
     python: str
-    task: str
     env: str | None
 
 
@@ -135,7 +134,7 @@ class Staging:
     @classmethod
     def of(cls, paths: Paths, system_dirs: tuple[str, ...]) -> Staging:
         """Stage every directory of `paths` outside `system_dirs` (which every user may read)."""
-        binds = [(paths.task, f"{STAGE}/task")]
+        binds: list[tuple[str, str]] = []
         if paths.env is not None:
             binds.append((paths.env, f"{STAGE}/env"))
         python = paths.python
@@ -147,12 +146,12 @@ class Staging:
             wheel_binds, binary = _wheel_binds(Path(paths.binary))
             binds += wheel_binds
         env = None if paths.env is None else f"{STAGE}/env"
-        return cls(tuple(binds), Paths(binary=binary, python=python, task=f"{STAGE}/task", env=env))
+        return cls(tuple(binds), Paths(binary=binary, python=python, env=env))
 
     def enter(self) -> None:
         """In the child, as root: a mount namespace of its own with the binds in a tmpfs on STAGE.
 
-        The sources are opened before STAGE is covered (a task directory may lie under it) and
+        The sources are opened before STAGE is covered (an environment may lie under it) and
         bound through their descriptors. The umask becomes 022 so the id can cross the mount points.
         """
         _check(_unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")

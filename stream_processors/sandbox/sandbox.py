@@ -31,6 +31,7 @@ import psutil
 
 from stream_processors.sandbox.bwrap import (
     ENV_DIR,
+    MAX_FILES,
     SYSTEM_DIRS,
     TASK_DIR,
     bwrap_argv,
@@ -167,6 +168,40 @@ class _Usage:
             self.cpu[pid] = (int(fields[11]) + int(fields[12])) * _TICK_S
             total_rss += int(fields[21]) * _PAGE
         self.peak_rss = max(self.peak_rss, total_rss)
+
+
+class _TaskFiles:
+    """An execution's files as memory files (memfd), one per name, read from their start by bwrap,
+    which copies them into the sandbox's /task (bwrap.py); nothing is written to the host's disk.
+
+    Raises:
+        ValueError: a name is not a plain file name, or there are more than MAX_FILES.
+    """
+
+    def __init__(self, files: Mapping[str, str | bytes]) -> None:
+        if len(files) > MAX_FILES:
+            raise ValueError(f"{len(files)} task files; an execution takes at most {MAX_FILES}")
+        self.names: list[str] = []
+        self.fds: list[int] = []
+        try:
+            for name, content in files.items():
+                if not name or "/" in name or name in (".", "..") or "\0" in name:
+                    raise ValueError(f"file name {name!r} must be a plain name")
+                fd = os.memfd_create(name, os.MFD_CLOEXEC)
+                self.fds.append(fd)
+                self.names.append(name)
+                view = memoryview(content.encode() if isinstance(content, str) else content)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.lseek(fd, 0, os.SEEK_SET)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
 
 
 class _Capped:
@@ -344,20 +379,12 @@ class Sandbox:
                 "MiB an execution needs to start; retry when memory is free"
             )
         run_id = f"{os.getpid()}-{uuid.uuid4().hex}"
-        task_dir = self.work_root / run_id
-        task_dir.mkdir()
+        task = _TaskFiles(files or {})
         try:
-            task_dir.chmod(0o755)  # whatever the umask: the sandbox's id may be another than ours
-            for name, content in (files or {}).items():
-                target = task_dir / name
-                if target.parent != task_dir:
-                    raise ValueError(f"file name {name!r} must be a plain name")
-                target.write_bytes(content.encode() if isinstance(content, str) else content)
-                target.chmod(0o644)
             with self._host_id() as uid:
-                return self._run(command, task_dir, run_id, environment, limits, stdin, uid)
+                return self._run(command, task, run_id, environment, limits, stdin, uid)
         finally:
-            shutil.rmtree(task_dir, ignore_errors=True)
+            task.close()
 
     @contextlib.contextmanager
     def _host_id(self) -> Iterator[int | None]:
@@ -371,7 +398,7 @@ class Sandbox:
     def _run(
         self,
         command: list[str],
-        task_dir: Path,
+        task: _TaskFiles,
         run_id: str,
         environment: Environment | None,
         limits: Limits,
@@ -389,7 +416,6 @@ class Sandbox:
         paths = Paths(
             binary=self.binary,
             python=self.python_prefix,
-            task=str(task_dir),
             env=str(environment.path) if environment is not None else None,
         )
         staging = None if uid is None else Staging.of(paths, SYSTEM_DIRS)
@@ -397,20 +423,20 @@ class Sandbox:
             paths = staging.paths
         argv = bwrap_argv(
             paths.binary,
-            task_dir=Path(paths.task),
+            task_files=task.names,
             env_dir=Path(paths.env) if paths.env is not None else None,
             limits=limits,
             python_prefix=self.python_prefix,
             python_source=paths.python,
             command=argv_command,
             env=env,
-            status_fd=status_write,
-            start_fd=start_read,
         )
         oom_before = _oom_kills()
         start = time.monotonic()
         try:
-            child = self._spawn(Request(argv, run_id, limits, uid, staging), status_write, start_read)
+            child = self._spawn(
+                Request(argv, run_id, limits, uid, staging), [status_write, start_read, *task.fds]
+            )
         except SandboxHostError:
             os.close(status_read)
             os.close(start_write)
@@ -434,15 +460,16 @@ class Sandbox:
                 child.close()
                 cgroup.destroy()
 
-    def _spawn(self, request: Request, status_write: int, start_read: int) -> _Child:
-        """Have the launcher start bwrap on fresh pipes; the started child, or SandboxHostError."""
+    def _spawn(self, request: Request, passed: list[int]) -> _Child:
+        """Have the launcher start bwrap on fresh pipes (and the `passed` descriptors: bwrap's
+        status and start pipes, the task's files); the started child, or SandboxHostError."""
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
         ours, theirs = (stdin_w, stdout_r, stderr_r), (stdin_r, stdout_w, stderr_w)
         reply = None
         try:
-            reply = self.launcher.spawn(request, stdin_r, stdout_w, stderr_w, status_write, start_read)
+            reply = self.launcher.spawn(request, [stdin_r, stdout_w, stderr_w, *passed])
             message, fds = receive(reply)
         except OSError as exc:
             message, fds = ("failed", f"the launcher could not be reached: {exc}"), []
