@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stream_processors.sandbox.exceptions import SandboxUnavailableError
+from stream_processors.sandbox.launcher_process import MAX_FILES
 from stream_processors.sandbox.limits import Limits
 
 TASK_DIR = "/task"
@@ -42,8 +43,6 @@ START_FD = 4
 """bwrap's descriptor of its start pipe (``--block-fd``)."""
 FIRST_FILE_FD = 5
 """bwrap's descriptor of the first task file (a memory file it copies to /task); the next follow."""
-MAX_FILES = 32
-"""Most files one execution's /task may hold (each is a descriptor bwrap is given)."""
 
 
 def bwrap_binary() -> str:
