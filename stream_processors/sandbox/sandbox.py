@@ -110,12 +110,20 @@ class Execution:
         return self.outcome == "exited" and self.exit_code == 0
 
 
+def _read(path: str) -> bytes:
+    """A small /proc or cgroup file's bytes (one read of 64 KiB; no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
 def _proc_counter(path: str, key: bytes) -> int | None:
     """The number after `key` in a /proc file of ``name value`` lines (one read, no line split:
     each execution reads two of them, and splitting /proc/vmstat cost 0.7 ms)."""
     try:
-        with open(path, "rb") as f:
-            text = b"\n" + f.read()
+        text = b"\n" + _read(path)
         at = text.index(b"\n" + key) + len(key) + 1
         return int(text[at : text.index(b"\n", at)].split()[0])
     except (OSError, ValueError, IndexError):
@@ -158,8 +166,7 @@ class _Usage:
         total_rss = 0
         for pid in pids:
             try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rpartition(b")")[2].split()
+                fields = _read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
             except OSError:
                 continue
             if len(fields) < 22:
@@ -326,6 +333,7 @@ class Sandbox:
         self.cgroups = shared / f"worker-{os.getpid()}"
         self.cgroups.mkdir(exist_ok=True)
         self.launcher = Launcher(self.cgroups)
+        self._stagings: dict[Paths, Staging] = {}
         weakref.finalize(self, self.launcher.close)
 
     def check(self) -> Execution:
@@ -418,7 +426,7 @@ class Sandbox:
             python=self.python_prefix,
             env=str(environment.path) if environment is not None else None,
         )
-        staging = None if uid is None else Staging.of(paths, SYSTEM_DIRS)
+        staging = None if uid is None else self._staging(paths)
         if staging is not None:
             paths = staging.paths
         argv = bwrap_argv(
@@ -459,6 +467,13 @@ class Sandbox:
             finally:
                 child.close()
                 cgroup.destroy()
+
+    def _staging(self, paths: Paths) -> Staging:
+        """What a root worker's child stages for bwrap (the same for every execution with these paths)."""
+        staging = self._stagings.get(paths)
+        if staging is None:
+            staging = self._stagings[paths] = Staging.of(paths, SYSTEM_DIRS)
+        return staging
 
     def _spawn(self, request: Request, passed: list[int]) -> _Child:
         """Have the launcher start bwrap on fresh pipes (and the `passed` descriptors: bwrap's
@@ -582,13 +597,13 @@ class _Pipes:
 def _pump(
     child: _Child, cgroup: PidsCgroup, limits: Limits, pipes: _Pipes, start: float, watched: _Watched
 ) -> None:
-    """Read the child's streams and bwrap's status until it exits and its streams close, sampling
-    its usage and noting when bwrap closed its start pipe; past the wall-clock limit or the output
-    cap, kill its tree and stop reading."""
+    """Read the child's streams until it exits and its streams close, sampling its usage and
+    noting when bwrap closed its start pipe; past the wall-clock limit or the output cap, kill its
+    tree and stop reading. bwrap's status (a few hundred bytes) waits in its pipe until bwrap ended."""
     streams = {child.stdout: watched.out, child.stderr: watched.err}
-    pidfd, status_fd = child.pidfd, pipes.status
+    pidfd = child.pidfd
     poller = select.poll()
-    for fd in (*streams, status_fd, pidfd):
+    for fd in (*streams, pidfd):
         poller.register(fd, select.POLLIN)
     poller.register(pipes.start, 0)  # a pipe's writer gets POLLERR once its last reader closed
     deadline = start + limits.wall_s
@@ -620,15 +635,10 @@ def _pump(
                 watched.started_s = time.monotonic() - start
                 poller.unregister(fd)
                 continue
-            if fd != status_fd and fd not in streams:
+            if fd not in streams:
                 continue  # a stream dropped earlier in this batch of events
             chunk = os.read(fd, _CHUNK)
-            if fd == status_fd:
-                if chunk:
-                    watched.status += chunk
-                else:
-                    poller.unregister(fd)
-            elif chunk:
+            if chunk:
                 streams[fd].feed(chunk)
                 if streams[fd].total > limits.output_bytes and not watched.over_output:
                     # past the cap: stop the tree and read no more of either stream
