@@ -1,7 +1,7 @@
 """Run untrusted code in bubblewrap with limits, and report what happened (never run it bare).
 
-One `Sandbox.run` is one execution: the task's files are written to a fresh host directory
-(bound read-only at /task), bwrap starts in a new session with the rlimits set, inside its own
+One `Sandbox.run` is one execution: the task's files are written to memory files that bwrap
+copies into /task of the sandbox's read-only root (nothing reaches the host's disk), bwrap starts in a new session with the rlimits set, inside its own
 pids cgroup and, when the worker is root, as an unprivileged host id (privileges.py); stdout and
 stderr are read up to the output cap (past it the whole tree is killed and nothing more is read),
 and the whole tree is killed at the wall deadline. The result says
@@ -302,7 +302,9 @@ class Sandbox:
     """Runs commands under bubblewrap; thread-safe, one process tree per `run`.
 
     Args:
-        work_root: host directory holding each execution's task directory (removed afterwards).
+        work_root: a host directory of the sandbox's own (made if missing; what workers that died
+            left in it is removed). Executions write nothing there: their files go to bwrap as
+            memory files.
         limits: default limits; `run` may pass others.
         min_free_memory_bytes: below this much available host memory an execution does not
             start (SandboxHostError), so a short host never turns into a failed verdict.
@@ -506,7 +508,7 @@ class Sandbox:
         return [c for c in self.cgroups.iterdir() if c.is_dir() and not c.name.startswith(SPARE_PREFIX)]
 
     def spare_pids(self) -> set[int]:
-        """The launcher's waiting children (launcher.py), each alone in a cgroup of its own."""
+        """The launcher's waiting children (launcher_process.py), each alone in a cgroup of its own."""
         return {pid for c in self.cgroups.glob(f"{SPARE_PREFIX}*") for pid in PidsCgroup.existing(c).pids()}
 
     def close(self) -> None:
