@@ -1,8 +1,9 @@
 """Run untrusted code in bubblewrap with limits, and report what happened (never run it bare).
 
 One `Sandbox.run` is one execution: the task's files are written to memory files that bwrap
-copies into /task of the sandbox's read-only root (nothing reaches the host's disk), bwrap starts in a new session with the rlimits set, inside its own
-pids cgroup and, when the worker is root, as an unprivileged host id (privileges.py); stdout and
+copies into /task of the sandbox's read-only root (nothing reaches the host's disk), bwrap
+starts in a new session with the rlimits set, inside its own pids cgroup and, when the worker is
+root, as an unprivileged host id (privileges.py); stdout and
 stderr are read up to the output cap (past it the whole tree is killed and nothing more is read),
 and the whole tree is killed at the wall deadline. The result says
 how it ended and how long the sandbox took to start; an ending caused by the host (bwrap did not start, the OOM killer) raises
