@@ -10,10 +10,13 @@ listener this test opened on 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -141,6 +144,37 @@ def test_writes_to_tmp_and_home_never_reach_the_host(sandbox, host):
     v = verdict(sandbox, code)
     assert v.status == "ok"
     assert not (Path("/tmp") / marker).exists() and not (Path.home() / marker).exists()
+
+
+def test_the_task_files_arrive_whole_and_read_only_and_never_on_the_hosts_disk(sandbox, host):
+    big = os.urandom(300_000)  # past a pipe's buffer and bwrap's reads
+    code = (
+        "import hashlib, os\n"
+        "print(sorted(os.listdir('/task')), hashlib.sha256(open('/task/big.bin', 'rb').read()).hexdigest(),\n"
+        "      oct(os.stat('/task/a.py').st_mode & 0o777), open('/task/a.py').read())\n"
+        "for attempt in (lambda: open('/task/a.py', 'a'), lambda: open('/task/new', 'w'),\n"
+        "                lambda: os.chmod('/task/a.py', 0o666), lambda: os.unlink('/task/a.py')):\n"
+        "    try:\n        attempt()\n        print('WROTE')\n    except OSError as exc:\n"
+        "        print(exc.errno)\n"
+    )
+    seen: set[Path] = set()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(
+            sandbox.run, ["python3", "-c", code], files={"a.py": "print('hi')", "big.bin": big}
+        )
+        while not running.done():  # the work directory stays empty while it runs
+            seen |= set(sandbox.work_root.rglob("*"))
+            time.sleep(0.005)
+        result = running.result()
+    assert result.ok, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"['a.py', 'big.bin'] {hashlib.sha256(big).hexdigest()} 0o444 print('hi')"
+    refused = {str(errno.EROFS), str(errno.EACCES), str(errno.EPERM)}
+    assert len(lines) == 5 and set(lines[1:]) <= refused, lines  # no write, no new file, no chmod
+    assert seen == set()
+    for bad in ("../escape", "a/b", "", ".."):
+        with pytest.raises(ValueError, match="plain name"):
+            sandbox.run(["python3", "-c", "pass"], files={bad: "x"})
 
 
 def test_secrets_shadow_and_other_processes_are_invisible(sandbox, host):

@@ -1,7 +1,7 @@
 """Untrusted code in bubblewrap: namespaces, limits, environments, a pool, and what each run did.
 
-Names are imported on first use (PEP 562), so the launcher process (launcher.py) loads only the
-modules its child set-up needs and stays small.
+Names are imported on first use (PEP 562), so a process that needs one module does not load the
+others. The launcher process (launcher_process.py) imports none of them: it runs as a script.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The sandbox sees /usr, /lib*, /bin and the interpreter's prefix read-only (a host directory
 that is a symbolic link, as /bin -> usr/bin with a merged /usr, is the same link inside), a fresh /proc and
-/dev, a task directory read-only at /task, an environment read-only at /env, and two private
+/dev, the task's files read-only at /task (copied in by bwrap from memory files: they never
+touch the host's disk), an environment read-only at /env, and two private
 size-capped tmpfs (/work, its working directory, and /tmp) as the only writable places. The
 root is remounted read-only, there is no home, no network (a new, empty network namespace) and
 no inherited environment variable. The code runs as an unprivileged id (SANDBOX_UID, nobody) of
@@ -18,11 +19,14 @@ kernel.core_pattern.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from stream_processors.sandbox.exceptions import SandboxUnavailableError
+from stream_processors.sandbox.launcher_process import MAX_FILES
 from stream_processors.sandbox.limits import Limits
 
 TASK_DIR = "/task"
@@ -33,6 +37,12 @@ SANDBOX_UID = 65534
 READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 """Host-wide kernel settings under /proc, bound read-only inside the sandbox (when present)."""
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
+STATUS_FD = 3
+"""bwrap's descriptor of its status pipe (``--json-status-fd``)."""
+START_FD = 4
+"""bwrap's descriptor of its start pipe (``--block-fd``)."""
+FIRST_FILE_FD = 5
+"""bwrap's descriptor of the first task file (a memory file it copies to /task); the next follow."""
 
 
 def bwrap_binary() -> str:
@@ -64,27 +74,41 @@ def interpreter() -> tuple[str, str]:
     return str(candidate if candidate.exists() else Path(sys.executable).resolve()), prefix
 
 
+@functools.cache
+def _system_dirs() -> tuple[str, ...]:
+    """bwrap's options for SYSTEM_DIRS on this host (a link is the same link inside)."""
+    argv: list[str] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):  # merged /usr: the same link inside, no mount to make
+            argv += ["--symlink", os.readlink(path), path]
+        else:
+            argv += ["--ro-bind-try", path, path]
+    return tuple(argv)
+
+
 def bwrap_argv(
     binary: str,
     *,
-    task_dir: Path,
+    task_files: Sequence[str],
     env_dir: Path | None,
     limits: Limits,
     python_prefix: str,
     python_source: str | None = None,
     command: list[str],
     env: dict[str, str],
-    status_fd: int,
-    start_fd: int,
 ) -> list[str]:
     """The full argv: bwrap's options, then the command run inside.
 
     The interpreter's prefix is bound at its own path, from `python_source` when it was staged.
-    bwrap reports to `status_fd` (``--json-status-fd``: the sandbox's first pid, then the command's
-    exit code). `start_fd` is bwrap's ``--block-fd``: the read end of a pipe that already holds a
+    bwrap reports to STATUS_FD (``--json-status-fd``: the sandbox's first pid, then the command's
+    exit code). START_FD is bwrap's ``--block-fd``: the read end of a pipe that already holds a
     byte, which bwrap reads and closes once the sandbox is built (namespaces, mounts, capabilities
     dropped), just before it starts the command; when its last reader closes, the writer sees it.
+    /task is a directory of the sandbox's own root; bwrap copies the n-th of `task_files` into it,
+    mode 0444, from descriptor FIRST_FILE_FD + n; the root, /task with it, is then remounted read-only.
     """
+    if len(task_files) > MAX_FILES:
+        raise ValueError(f"{len(task_files)} task files; an execution takes at most {MAX_FILES}")
     argv = [
         binary,
         "--unshare-all",
@@ -101,11 +125,7 @@ def bwrap_argv(
         "--hostname",
         "sandbox",
     ]
-    for path in SYSTEM_DIRS:
-        if os.path.islink(path):  # merged /usr: the same link inside, no mount to make
-            argv += ["--symlink", os.readlink(path), path]
-        else:
-            argv += ["--ro-bind-try", path, path]
+    argv += _system_dirs()
     if not python_prefix.startswith(SYSTEM_DIRS):
         argv += ["--ro-bind", python_source or python_prefix, python_prefix]
     argv += ["--proc", "/proc"]
@@ -114,11 +134,13 @@ def bwrap_argv(
     argv += ["--dev", "/dev"]
     argv += ["--size", str(limits.tmpfs_bytes), "--tmpfs", WORK_DIR]
     argv += ["--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp"]
-    argv += ["--ro-bind", str(task_dir), TASK_DIR]
+    argv += ["--dir", TASK_DIR]
+    for fd, name in enumerate(task_files, FIRST_FILE_FD):
+        argv += ["--perms", "0444", "--file", str(fd), f"{TASK_DIR}/{name}"]
     if env_dir is not None:
         argv += ["--ro-bind", str(env_dir), ENV_DIR]
     argv += ["--remount-ro", "/", "--chdir", WORK_DIR]
-    argv += ["--json-status-fd", str(status_fd), "--block-fd", str(start_fd)]
+    argv += ["--json-status-fd", str(STATUS_FD), "--block-fd", str(START_FD)]
     for key, value in sorted(env.items()):
         argv += ["--setenv", key, value]
     return [*argv, "--", *command]

@@ -1,257 +1,60 @@
-"""A small long-lived process that forks bwrap on the worker's behalf, so a start costs the same
-whatever the worker's size, and its pids cgroup is joined before the execution is asked for.
+"""The worker's side of its launcher: a small long-lived process (launcher_process.py) that forks
+bwrap on the worker's behalf, so a start costs the same whatever the worker's size, and its pids
+cgroup is joined before the execution is asked for.
 
 Forking copies the forking process's page tables while it holds the GIL: from a worker of
 800 MB that took 18 to 25 ms of its CPU per execution. The child set-up before bwrap's exec
 (join the pids cgroup, stage the binds, set the rlimits, drop to the host id) needs a fork, not a
-vfork, so the worker leaves it to this launcher: a fresh interpreter that imports only the
-sandbox's modules (and, through its errors, the schemas package), started once per `Sandbox`.
-
-Joining a cgroup v1 hierarchy waits for an RCU grace period (the kernel's cgroup_threadgroup_rwsem
-is taken for writing): 5 to 10 ms of wall-clock time, almost no CPU, measured here. So the launcher
-keeps SPARES children forked ahead, each already alone in a fresh pids cgroup of its own
-(``spare-<launcher pid>-<n>`` beside the executions' cgroups) and waiting for one request. An
-execution takes a spare: its cgroup is renamed to the execution's name and given the execution's
-``pids.max``, then the spare does the rest of the child set-up (stage, rlimits, drop) and execs
-bwrap, in the same order as before; a new spare is forked at once. bwrap and everything under it are
-in the execution's cgroup from their first instruction, as before.
-
-Protocol: over a private SOCK_SEQPACKET pair (nothing but the worker holds its other end, so the
-pickles are the worker's own), the worker sends one message per execution, a
-pickled `Request` with six descriptors (bwrap's stdin, stdout, stderr, its status pipe, its start
-pipe, and a reply socket of that execution's own). The launcher hands the first five to a spare,
-then on the reply socket sends ``("started", pid)`` with a pidfd of the spare that is becoming
-bwrap (opened before it can be reaped), or ``("failed", message)``; once bwrap ends it sends
-``("ended", wait status, CPU seconds of bwrap)``. A spare that cannot finish the set-up or exec
-bwrap ends with FAILED_IN_CHILD, saying why on the execution's stderr. bwrap gets only its three
-streams and the status and start pipes.
-When the worker goes (the control socket reaches EOF) the launcher ends its spares, removes their
-cgroups and exits, and every bwrap it started dies with it (``--die-with-parent``), taking its PID
-namespace along. Spares of a launcher that was killed see their socket close and exit; the worker
-removes their cgroups when it starts the next launcher.
+vfork, so the worker leaves it to the launcher, a fresh interpreter started once per `Sandbox`
+(launcher_process.py says what it does and how the two talk). `Launcher` starts it, sends it each
+execution's `Request` with its descriptors, and starts it again when it died.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import marshal
 import os
-import pickle
-import signal
 import socket
 import subprocess
 import sys
 import threading
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING
 
-from stream_processors.sandbox.limits import Limits, apply_rlimits
+from stream_processors.sandbox import launcher_process
+from stream_processors.sandbox.launcher_process import FDS, MAX_FILES, MAX_MESSAGE, SPARE_PREFIX, SPARES
 from stream_processors.sandbox.pids import PidsCgroup
-from stream_processors.sandbox.privileges import FAILED_IN_CHILD, Staging, drop_privileges, fail_in_child
 
-_MAX_MESSAGE = 1 << 20
-_FDS = 6
-_BWRAP_FDS = 5
-SPARES = 2
-"""Children the launcher keeps waiting in their joined cgroups (the pool's default size)."""
-SPARE_PREFIX = "spare-"
-"""Name prefix of a waiting spare's cgroup; an execution's cgroup never starts with it."""
+if TYPE_CHECKING:
+    from stream_processors.sandbox.limits import Limits
+    from stream_processors.sandbox.privileges import Staging
+
+__all__ = ["FDS", "MAX_FILES", "SPARES", "SPARE_PREFIX", "Launcher", "Request", "receive", "remove_spares"]
 
 
-@dataclass(frozen=True, slots=True)
 class Request:
     """One execution's start: bwrap's argv, its cgroup's name, limits, host id and staging."""
 
-    argv: list[str]
-    cgroup_name: str
-    limits: Limits
-    uid: int | None
-    staging: Staging | None
+    __slots__ = ("argv", "cgroup_name", "limits", "staging", "uid")
 
+    def __init__(
+        self, argv: list[str], cgroup_name: str, limits: Limits, uid: int | None, staging: Staging | None
+    ) -> None:
+        self.argv, self.cgroup_name, self.limits, self.uid, self.staging = (
+            argv,
+            cgroup_name,
+            limits,
+            uid,
+            staging,
+        )
 
-def child_setup(limits: Limits, uid: int | None, staging: Staging | None) -> None:
-    """What a spare does once it has its request, after joining its cgroup (no imports, no locks):
-    set the rlimits and, given a host `uid` (with its `staging`), first stage bwrap's binds and
-    last become that id. Ends the process (FAILED_IN_CHILD) rather than go on as root."""
-    if uid is None or staging is None:
-        apply_rlimits(limits)
-        return
-    try:
-        staging.enter()
-        apply_rlimits(limits)
-        drop_privileges(uid)
-    except Exception as exc:  # never exec bwrap as root: end here, saying why
-        fail_in_child(f"cannot run as uid {uid}: {exc}")
-
-
-class _Spare:
-    """A forked child alone in its joined pids cgroup, waiting on `sock` for one request."""
-
-    def __init__(self, pid: int, sock: socket.socket, cgroup: PidsCgroup) -> None:
-        self.pid, self.sock, self.cgroup = pid, sock, cgroup
-
-    @classmethod
-    def fork(cls, cgroups: Path, name: str) -> _Spare:
-        """Fork a spare into a new cgroup `name` under `cgroups`.
-
-        Raises:
-            OSError: the cgroup or the process could not be made.
-        """
-        cgroup = PidsCgroup(cgroups, name, 1)  # the spare alone; its execution's limit comes later
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            pid = os.fork()
-        except OSError:
-            ours.close()
-            theirs.close()
-            cgroup.destroy(timeout_s=1.0)
-            raise
-        if pid == 0:  # the spare: never returns into the launcher's code
-            try:
-                _spare_main(theirs, cgroup)
-            finally:
-                os._exit(FAILED_IN_CHILD)
-        theirs.close()
-        return cls(pid, ours, cgroup)
-
-    def retire(self) -> None:
-        """End an unused spare (it sees its socket close), reap it and remove its cgroup."""
-        self.sock.close()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        with contextlib.suppress(OSError):
-            self.cgroup.destroy(timeout_s=1.0)
-
-
-def _spare_main(sock: socket.socket, cgroup: PidsCgroup) -> NoReturn:
-    """A spare's life: join its cgroup, wait for a request, finish the child set-up, exec bwrap."""
-    os.closerange(3, sock.fileno())  # the launcher's sockets and other spares' are not ours
-    os.closerange(sock.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
-    joined: str | None = None
-    try:
-        cgroup.join()
-    except OSError as exc:
-        joined = f"cannot join the execution's pids cgroup: {exc}"
-    try:
-        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, _BWRAP_FDS)
-    except OSError:
-        os._exit(0)
-    if not data or len(fds) != _BWRAP_FDS:
-        os._exit(0)  # the launcher ended: nothing to run
-    request: Request = pickle.loads(data)
-    stdin, stdout, stderr, status, start = fds
-    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
-        os.dup2(fd, target)
-    for fd in (status, start):
-        os.set_inheritable(fd, True)
-    for fd in (stdin, stdout, stderr):
-        if fd not in (0, 1, 2, status, start):
-            os.close(fd)
-    sock.close()
-    # what subprocess does for a child: Python's ignored SIGPIPE and SIGXFSZ back to their defaults
-    for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-    os.setsid()
-    if joined is not None:
-        fail_in_child(joined)
-    child_setup(request.limits, request.uid, request.staging)
-    kept = sorted((status, start))
-    os.closerange(3, kept[0])
-    os.closerange(kept[0] + 1, kept[1])
-    os.closerange(kept[1] + 1, os.sysconf("SC_OPEN_MAX"))
-    argv = list(request.argv)
-    for option, fd in (("--json-status-fd", status), ("--block-fd", start)):
-        argv[argv.index(option) + 1] = str(fd)  # bwrap's options: the first of each, before "--"
-    try:
-        # bwrap's own pid 1 keeps its environment, readable in the sandbox's /proc/1: give it none
-        os.execve(argv[0], argv, {})
-    except OSError as exc:
-        fail_in_child(f"cannot start bwrap ({argv[0]}): {exc}")
-    os._exit(FAILED_IN_CHILD)
-
-
-def _send(reply: socket.socket, message: tuple[object, ...], fds: list[int] | None = None) -> None:
-    with contextlib.suppress(OSError):
-        socket.send_fds(reply, [pickle.dumps(message)], fds or [])
-
-
-def _start(request: Request, fds: list[int], spare: _Spare) -> None:
-    """Hand one execution to `spare`, report it on its reply socket, wait for it, report its end."""
-    *bwrap_fds, reply_fd = fds
-    reply = socket.socket(fileno=reply_fd)
-    try:
-        try:
-            spare.cgroup = spare.cgroup.rename(request.cgroup_name)
-            spare.cgroup.limit(request.limits.processes)
-            socket.send_fds(spare.sock, [pickle.dumps(request)], bwrap_fds)
-        except OSError as exc:
-            spare.retire()
-            _send(reply, ("failed", f"cannot hand the execution to a launcher child: {exc}"))
-            return
-        finally:
-            for fd in bwrap_fds:
-                os.close(fd)
-            spare.sock.close()
-        pidfd = os.pidfd_open(spare.pid)  # the spare is not reaped before the wait4 below
-        try:
-            _send(reply, ("started", spare.pid), [pidfd])
-        finally:
-            os.close(pidfd)
-        _, wait_status, rusage = os.wait4(spare.pid, 0)
-        _send(reply, ("ended", wait_status, rusage.ru_utime + rusage.ru_stime))
-    finally:
-        reply.close()
-
-
-def serve(control: socket.socket, cgroups: Path) -> None:
-    """Start an execution per message on `control` until the worker closes it, on spares whose
-    cgroups are made under `cgroups`."""
-    names = (f"{SPARE_PREFIX}{os.getpid()}-{n}" for n in itertools.count())
-    spares: deque[_Spare] = deque()
-
-    def refill() -> None:
-        with contextlib.suppress(OSError):  # tried again at the next request
-            while len(spares) < SPARES:
-                spares.append(_Spare.fork(cgroups, next(names)))
-
-    try:
-        refill()
-        while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(control, _MAX_MESSAGE, _FDS)
-            except InterruptedError:
-                continue
-            if not data:
-                return
-            if len(fds) != _FDS:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            try:
-                spare = spares.popleft() if spares else _Spare.fork(cgroups, next(names))
-            except OSError as exc:
-                for fd in fds[:-1]:
-                    os.close(fd)
-                reply = socket.socket(fileno=fds[-1])
-                _send(reply, ("failed", f"cannot create the pids cgroup or process of an execution: {exc}"))
-                reply.close()
-                continue
-            threading.Thread(target=_start, args=(pickle.loads(data), fds, spare), daemon=True).start()
-            refill()
-    finally:
-        for spare in spares:
-            spare.retire()
-
-
-def main() -> None:
-    """Entry point of the launcher process: the control socket is descriptor ``argv[1]``, the
-    directory of the executions' cgroups ``argv[2]``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's own shutdown ends it (EOF)
-    serve(socket.socket(fileno=int(sys.argv[1])), Path(sys.argv[2]))
-    os._exit(0)  # every bwrap still running dies with this process (--die-with-parent)
+    def encode(self) -> bytes:
+        """The request as the launcher process reads it (plain values, marshalled)."""
+        limits = self.limits
+        rlimits = (int(limits.cpu_s), limits.memory_bytes, limits.open_files, limits.file_bytes)
+        binds = None if self.staging is None else self.staging.binds
+        return marshal.dumps((self.argv, self.cgroup_name, limits.processes, rlimits, self.uid, binds))
 
 
 def remove_spares(cgroups: Path, launcher_pid: int) -> None:
@@ -287,14 +90,10 @@ class Launcher:
                 remove_spares(self.cgroups, self._process.pid)  # left if it was killed
             self.close_locked()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-            code = (
-                f"import sys; sys.path.insert(0, {package_root!r}); "
-                "from stream_processors.sandbox.launcher import main; main()"
-            )
+            script = os.path.abspath(launcher_process.__file__)
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-c", code, str(theirs.fileno()), str(self.cgroups)],
+                    [sys.executable, "-I", "-S", script, str(theirs.fileno()), str(self.cgroups)],
                     pass_fds=(theirs.fileno(),),
                 )
             finally:
@@ -302,18 +101,17 @@ class Launcher:
             self._control = ours
             return ours
 
-    def spawn(
-        self, request: Request, stdin: int, stdout: int, stderr: int, status: int, start: int
-    ) -> socket.socket:
-        """Ask the launcher to start `request` on those descriptors; returns the reply socket.
+    def spawn(self, request: Request, fds: list[int]) -> socket.socket:
+        """Ask the launcher to start `request` on `fds` (bwrap's stdin, stdout, stderr, status and
+        start pipes, the task's files); returns the reply socket.
 
         Raises:
             OSError: the launcher could not be reached.
         """
         reply, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            data = pickle.dumps(request)
-            fds = [stdin, stdout, stderr, status, start, theirs.fileno()]
+            data = request.encode()
+            fds = [*fds, theirs.fileno()]
             try:
                 socket.send_fds(self._ensure(), [data], fds)
             except OSError:  # the launcher ended: start another once
@@ -344,7 +142,9 @@ class Launcher:
 
 def receive(reply: socket.socket) -> tuple[tuple[object, ...], list[int]]:
     """One message from the launcher on an execution's reply socket, with its descriptors."""
-    data, fds, _, _ = socket.recv_fds(reply, _MAX_MESSAGE, 1)
+    data, fds, _, _ = socket.recv_fds(reply, MAX_MESSAGE, 1)
     if not data:
         return ("lost",), fds
-    return pickle.loads(data), fds
+    message = marshal.loads(data)
+    assert isinstance(message, tuple)
+    return message, fds

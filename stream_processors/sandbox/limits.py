@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 from dataclasses import asdict, dataclass
 
 MIB = 1024 * 1024
@@ -53,13 +52,3 @@ class Limits:
         return Limits(
             **{k: (float(v) if k == "wall_s" else int(v)) for k, v in values.items()}  # type: ignore[arg-type]
         )
-
-
-def apply_rlimits(limits: Limits) -> None:
-    """Set the rlimits in the calling process (a child between fork and exec); bwrap inherits them."""
-    cpu = int(limits.cpu_s)
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -70,67 +70,56 @@ def pids_root(prefix: str = "rollstream-sandbox") -> Path:
 
 
 class PidsCgroup:
-    """One execution's pids cgroup: made with `pids.max`, joined by the child, emptied, removed."""
+    """One execution's pids cgroup (the launcher makes it and its child joins it): read, emptied, removed."""
 
-    def __init__(self, root: Path, name: str, max_pids: int) -> None:
-        self.path = root / name
-        self.path.mkdir()
-        self.limit(max_pids)
-        self._procs = str(self.path / "cgroup.procs")
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._dir = str(path)
 
     @classmethod
     def existing(cls, path: Path) -> PidsCgroup:
-        """Adopt an existing cgroup (to empty and remove what a dead worker left)."""
-        cgroup = cls.__new__(cls)
-        cgroup.path = path
-        cgroup._procs = str(path / "cgroup.procs")
-        return cgroup
+        """Adopt an existing cgroup (an execution's, or one a dead worker left)."""
+        return cls(path)
 
-    def join(self) -> None:
-        """Move the calling process in (call in the child, before exec); only async-signal-safe calls."""
-        fd = os.open(self._procs, os.O_WRONLY)
+    def _read(self, name: str) -> bytes:
+        fd = os.open(f"{self._dir}/{name}", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            os.write(fd, b"0")
+            return os.read(fd, 1 << 16)
         finally:
             os.close(fd)
 
-    def limit(self, max_pids: int) -> None:
-        """Set `pids.max` (a waiting launcher child's cgroup gets its execution's limit this way)."""
-        (self.path / "pids.max").write_text(str(max_pids))
-
-    def rename(self, name: str) -> PidsCgroup:
-        """The same cgroup, renamed to `name` in its parent (its processes stay in it)."""
-        target = self.path.parent / name
-        self.path.rename(target)
-        return PidsCgroup.existing(target)
-
     def limit_hits(self) -> int:
         """How often a fork was refused by pids.max."""
-        with contextlib.suppress(OSError):
-            for line in (self.path / "pids.events").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "max":
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._read("pids.events").splitlines():
+                key, _, value = line.partition(b" ")
+                if key == b"max":
                     return int(value)
         return 0
 
     def pids(self) -> list[int]:
         """The processes still in the cgroup."""
         try:
-            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            return [int(p) for p in self._read("cgroup.procs").split()]
         except OSError:
             return []
 
     def destroy(self, timeout_s: float = 5.0) -> None:
-        """SIGKILL whatever is left, wait for it to go, remove the cgroup."""
+        """SIGKILL whatever is left, wait for it to go, remove the cgroup.
+
+        An ended sandbox's PID 1 stays in the cgroup until whoever inherited it reaps it, so the
+        removal is retried after 0.5 ms, then twice as long each time up to 5 ms.
+        """
         deadline = time.monotonic() + timeout_s
+        pause = 0.0005
         while True:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._dir)
+                return
+            if time.monotonic() > deadline:
+                os.rmdir(self._dir)  # raises what keeps it
             for pid in self.pids():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.005)
+            time.sleep(pause)
+            pause = min(0.005, pause * 2)

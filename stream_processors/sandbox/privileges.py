@@ -8,7 +8,7 @@ execution running at once gets an id of its own (`HostIds`), so code that got ou
 execution's namespaces still cannot signal, trace or read another's processes: it would need to
 be root, or the other's uid. bwrap makes its bind mounts with its caller's access, and that id cannot
 reach what lives under /root (mode 0700): the interpreter's prefix, the wheel's bwrap, maybe the
-task and environment directories. So the child first enters a mount namespace of its own, covers
+environment directory (the task's files reach bwrap as open memory files). So the child first enters a mount namespace of its own, covers
 STAGE with a small tmpfs there, and binds those directories into it (`Staging`); bwrap binds them
 from there. Nothing of that is seen by the host's mount table, and it ends with the execution.
 
@@ -18,7 +18,6 @@ A worker that is not root is unprivileged already: nothing is dropped or staged.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import threading
 from collections import deque
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stream_processors.sandbox.exceptions import SandboxHostError, SandboxUnavailableError
+from stream_processors.sandbox.launcher_process import STAGE
 
 DEFAULT_HOST_ID = 2_000_000_000
 """The first of the uids (and gids) a root worker's sandboxes run as: high, in no range a
@@ -46,18 +46,6 @@ LAST_HOST_ID = 2**31 - 1
 up uid map: Invalid argument", measured here)."""
 AS_ROOT_VARIABLE = "ROLLSTREAM_SANDBOX_AS_ROOT"
 """Set to 1 to opt out: a root worker's sandboxes then run as root outside their user namespace."""
-STAGE = "/tmp"
-"""Where, in the child's own mount namespace only, a tmpfs holds the directories bwrap binds."""
-FAILED_IN_CHILD = 126
-"""Exit status of a child that could not become the sandbox's user (it never ran bwrap)."""
-
-_CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x1000, 0x4000, 0x80000
-_libc = ctypes.CDLL(None, use_errno=True)  # resolved here, never after a fork
-_unshare = _libc.unshare
-_unshare.argtypes = [ctypes.c_int]
-_mount = _libc.mount
-_mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def host_id() -> int | None:
@@ -117,11 +105,10 @@ class HostIds:
 @dataclass(frozen=True, slots=True)
 class Paths:
     """What one execution's bwrap reads on the host: its binary, and the directories it binds
-    (the interpreter's prefix, the task directory, the environment or None)."""
+    (the interpreter's prefix, the environment or None)."""
 
     binary: str
     python: str
-    task: str
     env: str | None
 
 
@@ -135,7 +122,7 @@ class Staging:
     @classmethod
     def of(cls, paths: Paths, system_dirs: tuple[str, ...]) -> Staging:
         """Stage every directory of `paths` outside `system_dirs` (which every user may read)."""
-        binds = [(paths.task, f"{STAGE}/task")]
+        binds: list[tuple[str, str]] = []
         if paths.env is not None:
             binds.append((paths.env, f"{STAGE}/env"))
         python = paths.python
@@ -147,35 +134,7 @@ class Staging:
             wheel_binds, binary = _wheel_binds(Path(paths.binary))
             binds += wheel_binds
         env = None if paths.env is None else f"{STAGE}/env"
-        return cls(tuple(binds), Paths(binary=binary, python=python, task=f"{STAGE}/task", env=env))
-
-    def enter(self) -> None:
-        """In the child, as root: a mount namespace of its own with the binds in a tmpfs on STAGE.
-
-        The sources are opened before STAGE is covered (a task directory may lie under it) and
-        bound through their descriptors. The umask becomes 022 so the id can cross the mount points.
-        """
-        _check(_unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        _check(_mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "making / a slave mount")
-        fds = [os.open(source, os.O_PATH | os.O_DIRECTORY) for source, _ in self.binds]
-        _mount_tmpfs(STAGE)
-        os.umask(0o022)
-        for fd, (source, target) in zip(fds, self.binds, strict=True):
-            os.makedirs(target)
-            _bind_fd(fd, target, source)
-            os.close(fd)
-
-
-def _mount_tmpfs(path: str) -> None:
-    """A small, root-owned, world-readable tmpfs on `path`: mount points only."""
-    flags = _MS_NOSUID | _MS_NODEV
-    _check(_mount(b"tmpfs", path.encode(), b"tmpfs", flags, b"mode=0755,size=64k"), f"a tmpfs on {path}")
-
-
-def _bind_fd(fd: int, target: str, source: str) -> None:
-    """Bind the directory open at `fd` (it was `source`) on `target`, with what is mounted below it."""
-    fd_path = f"/proc/self/fd/{fd}".encode()
-    _check(_mount(fd_path, target.encode(), None, _MS_BIND | _MS_REC, None), f"binding {source}")
+        return cls(tuple(binds), Paths(binary=binary, python=python, env=env))
 
 
 def _wheel_binds(binary: Path) -> tuple[list[tuple[str, str]], str]:
@@ -189,25 +148,3 @@ def _wheel_binds(binary: Path) -> tuple[list[tuple[str, str]], str]:
     if libs.is_dir():
         binds.append((str(libs), f"{STAGE}/bwrap/{libs.name}"))
     return binds, f"{bin_dir}/{binary.name}"
-
-
-def drop_privileges(uid: int) -> None:
-    """In the child, last before the exec: no supplementary group, then gid and uid (real, effective, saved)."""
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
-        raise PermissionError(f"still {os.getresuid()}, {os.getresgid()}, groups {os.getgroups()}")
-
-
-def fail_in_child(message: str) -> None:
-    """End the child before bwrap runs, saying why on its stderr (read as the execution's stderr)."""
-    with contextlib.suppress(OSError):
-        os.write(2, f"rollstream sandbox: {message}\n".encode(errors="replace"))
-    os._exit(FAILED_IN_CHILD)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")

@@ -1,8 +1,9 @@
 """Run untrusted code in bubblewrap with limits, and report what happened (never run it bare).
 
-One `Sandbox.run` is one execution: the task's files are written to a fresh host directory
-(bound read-only at /task), bwrap starts in a new session with the rlimits set, inside its own
-pids cgroup and, when the worker is root, as an unprivileged host id (privileges.py); stdout and
+One `Sandbox.run` is one execution: the task's files are written to memory files that bwrap
+copies into /task of the sandbox's read-only root (nothing reaches the host's disk), bwrap
+starts in a new session with the rlimits set, inside its own pids cgroup and, when the worker is
+root, as an unprivileged host id (privileges.py); stdout and
 stderr are read up to the output cap (past it the whole tree is killed and nothing more is read),
 and the whole tree is killed at the wall deadline. The result says
 how it ended and how long the sandbox took to start; an ending caused by the host (bwrap did not start, the OOM killer) raises
@@ -31,6 +32,7 @@ import psutil
 
 from stream_processors.sandbox.bwrap import (
     ENV_DIR,
+    MAX_FILES,
     SYSTEM_DIRS,
     TASK_DIR,
     bwrap_argv,
@@ -109,12 +111,20 @@ class Execution:
         return self.outcome == "exited" and self.exit_code == 0
 
 
+def _read(path: str) -> bytes:
+    """A small /proc or cgroup file's bytes (one read of 64 KiB; no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
 def _proc_counter(path: str, key: bytes) -> int | None:
     """The number after `key` in a /proc file of ``name value`` lines (one read, no line split:
     each execution reads two of them, and splitting /proc/vmstat cost 0.7 ms)."""
     try:
-        with open(path, "rb") as f:
-            text = b"\n" + f.read()
+        text = b"\n" + _read(path)
         at = text.index(b"\n" + key) + len(key) + 1
         return int(text[at : text.index(b"\n", at)].split()[0])
     except (OSError, ValueError, IndexError):
@@ -157,8 +167,7 @@ class _Usage:
         total_rss = 0
         for pid in pids:
             try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rpartition(b")")[2].split()
+                fields = _read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
             except OSError:
                 continue
             if len(fields) < 22:
@@ -167,6 +176,40 @@ class _Usage:
             self.cpu[pid] = (int(fields[11]) + int(fields[12])) * _TICK_S
             total_rss += int(fields[21]) * _PAGE
         self.peak_rss = max(self.peak_rss, total_rss)
+
+
+class _TaskFiles:
+    """An execution's files as memory files (memfd), one per name, read from their start by bwrap,
+    which copies them into the sandbox's /task (bwrap.py); nothing is written to the host's disk.
+
+    Raises:
+        ValueError: a name is not a plain file name, or there are more than MAX_FILES.
+    """
+
+    def __init__(self, files: Mapping[str, str | bytes]) -> None:
+        if len(files) > MAX_FILES:
+            raise ValueError(f"{len(files)} task files; an execution takes at most {MAX_FILES}")
+        self.names: list[str] = []
+        self.fds: list[int] = []
+        try:
+            for name, content in files.items():
+                if not name or "/" in name or name in (".", "..") or "\0" in name:
+                    raise ValueError(f"file name {name!r} must be a plain name")
+                fd = os.memfd_create(name, os.MFD_CLOEXEC)
+                self.fds.append(fd)
+                self.names.append(name)
+                view = memoryview(content.encode() if isinstance(content, str) else content)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.lseek(fd, 0, os.SEEK_SET)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
 
 
 class _Capped:
@@ -260,7 +303,9 @@ class Sandbox:
     """Runs commands under bubblewrap; thread-safe, one process tree per `run`.
 
     Args:
-        work_root: host directory holding each execution's task directory (removed afterwards).
+        work_root: a host directory of the sandbox's own (made if missing; what workers that died
+            left in it is removed). Executions write nothing there: their files go to bwrap as
+            memory files.
         limits: default limits; `run` may pass others.
         min_free_memory_bytes: below this much available host memory an execution does not
             start (SandboxHostError), so a short host never turns into a failed verdict.
@@ -291,6 +336,7 @@ class Sandbox:
         self.cgroups = shared / f"worker-{os.getpid()}"
         self.cgroups.mkdir(exist_ok=True)
         self.launcher = Launcher(self.cgroups)
+        self._stagings: dict[Paths, Staging] = {}
         weakref.finalize(self, self.launcher.close)
 
     def check(self) -> Execution:
@@ -344,20 +390,12 @@ class Sandbox:
                 "MiB an execution needs to start; retry when memory is free"
             )
         run_id = f"{os.getpid()}-{uuid.uuid4().hex}"
-        task_dir = self.work_root / run_id
-        task_dir.mkdir()
+        task = _TaskFiles(files or {})
         try:
-            task_dir.chmod(0o755)  # whatever the umask: the sandbox's id may be another than ours
-            for name, content in (files or {}).items():
-                target = task_dir / name
-                if target.parent != task_dir:
-                    raise ValueError(f"file name {name!r} must be a plain name")
-                target.write_bytes(content.encode() if isinstance(content, str) else content)
-                target.chmod(0o644)
             with self._host_id() as uid:
-                return self._run(command, task_dir, run_id, environment, limits, stdin, uid)
+                return self._run(command, task, run_id, environment, limits, stdin, uid)
         finally:
-            shutil.rmtree(task_dir, ignore_errors=True)
+            task.close()
 
     @contextlib.contextmanager
     def _host_id(self) -> Iterator[int | None]:
@@ -371,7 +409,7 @@ class Sandbox:
     def _run(
         self,
         command: list[str],
-        task_dir: Path,
+        task: _TaskFiles,
         run_id: str,
         environment: Environment | None,
         limits: Limits,
@@ -389,28 +427,27 @@ class Sandbox:
         paths = Paths(
             binary=self.binary,
             python=self.python_prefix,
-            task=str(task_dir),
             env=str(environment.path) if environment is not None else None,
         )
-        staging = None if uid is None else Staging.of(paths, SYSTEM_DIRS)
+        staging = None if uid is None else self._staging(paths)
         if staging is not None:
             paths = staging.paths
         argv = bwrap_argv(
             paths.binary,
-            task_dir=Path(paths.task),
+            task_files=task.names,
             env_dir=Path(paths.env) if paths.env is not None else None,
             limits=limits,
             python_prefix=self.python_prefix,
             python_source=paths.python,
             command=argv_command,
             env=env,
-            status_fd=status_write,
-            start_fd=start_read,
         )
         oom_before = _oom_kills()
         start = time.monotonic()
         try:
-            child = self._spawn(Request(argv, run_id, limits, uid, staging), status_write, start_read)
+            child = self._spawn(
+                Request(argv, run_id, limits, uid, staging), [status_write, start_read, *task.fds]
+            )
         except SandboxHostError:
             os.close(status_read)
             os.close(start_write)
@@ -434,15 +471,23 @@ class Sandbox:
                 child.close()
                 cgroup.destroy()
 
-    def _spawn(self, request: Request, status_write: int, start_read: int) -> _Child:
-        """Have the launcher start bwrap on fresh pipes; the started child, or SandboxHostError."""
+    def _staging(self, paths: Paths) -> Staging:
+        """What a root worker's child stages for bwrap (the same for every execution with these paths)."""
+        staging = self._stagings.get(paths)
+        if staging is None:
+            staging = self._stagings[paths] = Staging.of(paths, SYSTEM_DIRS)
+        return staging
+
+    def _spawn(self, request: Request, passed: list[int]) -> _Child:
+        """Have the launcher start bwrap on fresh pipes (and the `passed` descriptors: bwrap's
+        status and start pipes, the task's files); the started child, or SandboxHostError."""
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
         ours, theirs = (stdin_w, stdout_r, stderr_r), (stdin_r, stdout_w, stderr_w)
         reply = None
         try:
-            reply = self.launcher.spawn(request, stdin_r, stdout_w, stderr_w, status_write, start_read)
+            reply = self.launcher.spawn(request, [stdin_r, stdout_w, stderr_w, *passed])
             message, fds = receive(reply)
         except OSError as exc:
             message, fds = ("failed", f"the launcher could not be reached: {exc}"), []
@@ -464,7 +509,7 @@ class Sandbox:
         return [c for c in self.cgroups.iterdir() if c.is_dir() and not c.name.startswith(SPARE_PREFIX)]
 
     def spare_pids(self) -> set[int]:
-        """The launcher's waiting children (launcher.py), each alone in a cgroup of its own."""
+        """The launcher's waiting children (launcher_process.py), each alone in a cgroup of its own."""
         return {pid for c in self.cgroups.glob(f"{SPARE_PREFIX}*") for pid in PidsCgroup.existing(c).pids()}
 
     def close(self) -> None:
@@ -555,13 +600,13 @@ class _Pipes:
 def _pump(
     child: _Child, cgroup: PidsCgroup, limits: Limits, pipes: _Pipes, start: float, watched: _Watched
 ) -> None:
-    """Read the child's streams and bwrap's status until it exits and its streams close, sampling
-    its usage and noting when bwrap closed its start pipe; past the wall-clock limit or the output
-    cap, kill its tree and stop reading."""
+    """Read the child's streams until it exits and its streams close, sampling its usage and
+    noting when bwrap closed its start pipe; past the wall-clock limit or the output cap, kill its
+    tree and stop reading. bwrap's status (a few hundred bytes) waits in its pipe until bwrap ended."""
     streams = {child.stdout: watched.out, child.stderr: watched.err}
-    pidfd, status_fd = child.pidfd, pipes.status
+    pidfd = child.pidfd
     poller = select.poll()
-    for fd in (*streams, status_fd, pidfd):
+    for fd in (*streams, pidfd):
         poller.register(fd, select.POLLIN)
     poller.register(pipes.start, 0)  # a pipe's writer gets POLLERR once its last reader closed
     deadline = start + limits.wall_s
@@ -593,15 +638,10 @@ def _pump(
                 watched.started_s = time.monotonic() - start
                 poller.unregister(fd)
                 continue
-            if fd != status_fd and fd not in streams:
+            if fd not in streams:
                 continue  # a stream dropped earlier in this batch of events
             chunk = os.read(fd, _CHUNK)
-            if fd == status_fd:
-                if chunk:
-                    watched.status += chunk
-                else:
-                    poller.unregister(fd)
-            elif chunk:
+            if chunk:
                 streams[fd].feed(chunk)
                 if streams[fd].total > limits.output_bytes and not watched.over_output:
                     # past the cap: stop the tree and read no more of either stream
