@@ -146,6 +146,18 @@ def test_writes_to_tmp_and_home_never_reach_the_host(sandbox, host):
     assert not (Path("/tmp") / marker).exists() and not (Path.home() / marker).exists()
 
 
+def test_the_code_holds_no_descriptor_but_its_three_streams(sandbox, host):
+    """The task's memory files, bwrap's pipes and the launcher's sockets stay outside the sandbox."""
+    code = (
+        "import os\n"
+        "fds = sorted(int(n) for n in os.listdir('/proc/self/fd'))\n"
+        "print([(fd, os.readlink(f'/proc/self/fd/{fd}')) for fd in fds if fd > 2 and os.path.exists(f'/proc/self/fd/{fd}')])\n"
+    )
+    run = sandbox.run(["python3", "-S", "/task/fds.py"], files={"fds.py": code, "other.txt": "x" * 100_000})
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.strip() == "[]", f"the code holds descriptors beyond 0-2: {run.stdout}"
+
+
 def test_the_task_files_arrive_whole_and_read_only_and_never_on_the_hosts_disk(sandbox, host):
     big = os.urandom(300_000)  # past a pipe's buffer and bwrap's reads
     code = (
