@@ -154,7 +154,7 @@ _RECORD_FIELDS = (
     "logprob_mode",
 )
 """The record fields a row keeps, in the order `_record_columns` returns them."""
-_RECORD_DEFAULTS = {
+_RECORD_DEFAULTS: dict[str, Any] = {
     "response_text": "",
     "metadata": {},
     "task_id": None,
