@@ -1,7 +1,8 @@
 """The trajectories Delta table: scored rows appended exactly once per Kafka offset.
 
-Token and logprob columns are built from the packed buffers by offsets (one concatenated numpy
-array per column), never from per-token Python objects.
+Token and logprob columns are built from the packed buffers by offsets (their bytes joined once
+per column, `packed_column`), never from per-token Python objects; the record's other fields are
+read in one pass per row (`_record_columns`).
 """
 
 from __future__ import annotations
