@@ -84,7 +84,7 @@ def _value(src: Source, schema: Any, var: str, indent: int) -> None:
     elif schema in ("string", "bytes"):
         n = src.fresh("n")
         _long(src, indent, n)
-        src.line(indent, f"if {n} < 0 or p + {n} > len(d): raise Unreadable('length')")
+        src.line(indent, f"if {n} < 0 or p + {n} > size: raise Unreadable('length')")
         decode = ".decode()" if schema == "string" else ""
         src.line(indent, f"{var} = d[p : p + {n}]{decode}")
         src.line(indent, f"p += {n}")
@@ -143,6 +143,7 @@ def compile_reader(schema: Mapping[str, Any]) -> Reader | None:
         return None
     src = Source()
     src.line(0, "def read(d, p):")
+    src.line(4, "size = len(d)")
     try:
         _fields(src, schema, "r", 4)
     except UnsupportedSchema:

@@ -1,18 +1,23 @@
 """The trajectories Delta table: scored rows appended exactly once per Kafka offset.
 
-Token and logprob columns are built from the packed buffers by offsets (one concatenated numpy
-array per column), never from per-token Python objects.
+Token and logprob columns are built from the packed buffers by offsets (their bytes joined once
+per column, `packed_column`), never from per-token Python objects; the record's other fields are
+read in one pass per row (`_record_columns`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import chain
+from operator import attrgetter, itemgetter, methodcaller
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import ColumnProperties, WriterProperties
 
 from schemas.profile import load_profile
@@ -79,17 +84,44 @@ def list_column(
     )
 
 
+_VALUES = methodcaller("values")
+_DTYPE = attrgetter("dtype")
+
+
 def map_column(maps: Sequence[Mapping[str, object]], value_type: pa.DataType) -> pa.MapArray:
     """A map<string, value_type> column from per-row mappings (none null): keys and values flattened
     once, with int32 offsets. Converting a list of item lists per row costs about four times as much.
     """
     offsets = np.zeros(len(maps) + 1, dtype=np.int32)
-    np.cumsum(np.fromiter((len(m) for m in maps), dtype=np.int32, count=len(maps)), out=offsets[1:])
-    keys = [k for m in maps for k in m]
-    values = [v for m in maps for v in m.values()]
+    np.cumsum(np.fromiter(map(len, maps), dtype=np.int32, count=len(maps)), out=offsets[1:])
+    keys = list(chain.from_iterable(maps))
+    values = list(chain.from_iterable(map(_VALUES, maps)))
     return pa.MapArray.from_arrays(
         pa.array(offsets), pa.array(keys, pa.string()), pa.array(values, value_type)
     )
+
+
+def packed_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.DataType) -> pa.ListArray:
+    """`list_column` of arrays already in `value_type`'s little-endian layout (the packed token
+    buffers as `validate` views them): their bytes joined once, with no per-row numpy call.
+    Other arrays take `list_column`."""
+    dtype = np.dtype(value_type.to_pandas_dtype())
+    try:
+        if arrays and set(map(_DTYPE, arrays)) != {dtype}:
+            raise TypeError("not in the column's layout")
+        data = b"".join(arrays)  # type: ignore[arg-type]  # numpy arrays are bytes-like
+    except (TypeError, BufferError):
+        return list_column(arrays, value_type)
+    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > _MAX_LIST_VALUES:
+        raise SinkError(
+            f"one batch holds {offsets[-1]} {value_type} values, more than a list column's int32 "
+            "offsets allow: lower batch_size"
+        )
+    values = pa.Array.from_buffers(value_type, int(offsets[-1]), [None, pa.py_buffer(data)])
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
 
 _NO_MASK = np.zeros(0, dtype=np.bool_)
@@ -104,6 +136,49 @@ def loss_mask_column(rows: Sequence[ScoredTrajectory]) -> pa.Array:
     return list_column([_NO_MASK if m is None else m.view(np.bool_) for m in masks], pa.bool_(), nulls=nulls)
 
 
+_RECORD_FIELDS = (
+    "trajectory_id",
+    "group_id",
+    "sample_index",
+    "group_size",
+    "domain",
+    "task_type",
+    "policy_version",
+    "response_text",
+    "finish_reason",
+    "worker_id",
+    "created_at",
+    "metadata",
+    "task_id",
+    "attempt",
+    "version_spans",
+    "logprob_mode",
+)
+"""The record fields a row keeps, in the order `_record_columns` returns them."""
+_RECORD_DEFAULTS: dict[str, Any] = {
+    "response_text": "",
+    "metadata": {},
+    "task_id": None,
+    "attempt": 0,
+    "version_spans": None,
+    "logprob_mode": None,
+}
+"""What a record without the field (one not decoded with the shipped schema) stores."""
+
+
+def _record_columns(records: Sequence[Mapping[str, Any]]) -> list[Sequence[Any]]:
+    """Per field of _RECORD_FIELDS, its values over `records`: one C-level pass over each record
+    (itemgetter, then a transpose), with _RECORD_DEFAULTS for a record that lacks a field."""
+    get = itemgetter(*_RECORD_FIELDS)
+    try:
+        rows = list(map(get, records))
+    except KeyError:
+        rows = [get({**_RECORD_DEFAULTS, **rec}) for rec in records]
+    if not rows:
+        return [[] for _ in _RECORD_FIELDS]
+    return list(zip(*rows, strict=True))
+
+
 def trajectories_table(
     rows: Sequence[ScoredTrajectory],
     coordinates: Sequence[Coordinates],
@@ -111,47 +186,52 @@ def trajectories_table(
     profile_id: str,
 ) -> pa.Table:
     """Build the Arrow table of `rows`, in TRAJECTORIES_SCHEMA's column order."""
-    records = [r.record for r in rows]
-
-    def strings(field: str) -> pa.Array:
-        return pa.array([rec[field] for rec in records], pa.string())
-
+    (
+        trajectory_id, group_id, sample_index, group_size, domain, task_type, policy_version,
+        response_text, finish_reason, worker_id, created_at, metadata, task_id, attempt,
+        version_spans, logprob_mode,
+    ) = _record_columns([r.record for r in rows])  # fmt: skip
+    verdicts = [r.verdict for r in rows]
+    tokens = [r.tokens for r in rows]
+    prompt = packed_column([t.prompt_tokens for t in tokens], pa.int32())
+    response = packed_column([t.response_tokens for t in tokens], pa.int32())
+    lengths = pc.add(pc.list_value_length(prompt), pc.list_value_length(response))
     columns = {
-        "trajectory_id": strings("trajectory_id"),
-        "group_id": strings("group_id"),
-        "sample_index": pa.array([rec["sample_index"] for rec in records], pa.int32()),
-        "group_size": pa.array([rec["group_size"] for rec in records], pa.int32()),
-        "domain": strings("domain"),
-        "task_type": strings("task_type"),
-        "policy_version": pa.array([rec["policy_version"] for rec in records], pa.int64()),
-        "prompt_tokens": list_column([r.tokens.prompt_tokens for r in rows], pa.int32()),
-        "response_tokens": list_column([r.tokens.response_tokens for r in rows], pa.int32()),
-        "response_logprobs": list_column([r.tokens.response_logprobs for r in rows], pa.float32()),
-        "response_text": pa.array([rec.get("response_text", "") for rec in records], pa.string()),
-        "finish_reason": strings("finish_reason"),
-        "worker_id": strings("worker_id"),
-        "created_at": pa.array([rec["created_at"] for rec in records], TIMESTAMP),
-        "metadata": map_column([rec.get("metadata") or {} for rec in records], pa.string()),
-        "reward": pa.array([r.verdict.reward for r in rows], pa.float64()),
-        "reward_components": map_column([r.verdict.reward_components for r in rows], pa.float64()),
-        "verifier": pa.array([r.verdict.verifier for r in rows], pa.string()),
-        "verifier_version": pa.array([r.verdict.verifier_version for r in rows], pa.string()),
-        "verifier_status": pa.array([r.verdict.status for r in rows], pa.string()),
+        "trajectory_id": pa.array(trajectory_id, pa.string()),
+        "group_id": pa.array(group_id, pa.string()),
+        "sample_index": pa.array(sample_index, pa.int32()),
+        "group_size": pa.array(group_size, pa.int32()),
+        "domain": pa.array(domain, pa.string()),
+        "task_type": pa.array(task_type, pa.string()),
+        "policy_version": pa.array(policy_version, pa.int64()),
+        "prompt_tokens": prompt,
+        "response_tokens": response,
+        "response_logprobs": packed_column([t.response_logprobs for t in tokens], pa.float32()),
+        "response_text": pa.array(response_text, pa.string()),
+        "finish_reason": pa.array(finish_reason, pa.string()),
+        "worker_id": pa.array(worker_id, pa.string()),
+        "created_at": pa.array(created_at, TIMESTAMP),
+        "metadata": map_column([m or {} for m in metadata], pa.string()),
+        "reward": pa.array([v.reward for v in verdicts], pa.float64()),
+        "reward_components": map_column([v.reward_components for v in verdicts], pa.float64()),
+        "verifier": pa.array([v.verifier for v in verdicts], pa.string()),
+        "verifier_version": pa.array([v.verifier_version for v in verdicts], pa.string()),
+        "verifier_status": pa.array([v.status for v in verdicts], pa.string()),
         "domain_reward": pa.array([r.domain_reward for r in rows], pa.float64()),
         "advantage": pa.array([r.advantage for r in rows], pa.float64()),
         "group_status": pa.array([r.group_status for r in rows], pa.string()),
-        "length": pa.array([r.length for r in rows], pa.int32()),
+        "length": lengths.cast(pa.int32()),
         "bucket": pa.array([r.bucket for r in rows], pa.string()),
         "profile_id": pa.repeat(pa.scalar(profile_id, pa.string()), len(rows)),
         "ingested_at": pa.repeat(pa.scalar(ingested_at, TIMESTAMP), len(rows)),
         "topic": pa.array([c.topic for c in coordinates], pa.string()),
         "partition": pa.array([c.partition for c in coordinates], pa.int32()),
         "offset": pa.array([c.offset for c in coordinates], pa.int64()),
-        "task_id": pa.array([rec.get("task_id") for rec in records], pa.string()),
-        "attempt": pa.array([rec.get("attempt", 0) for rec in records], pa.int32()),
+        "task_id": pa.array(task_id, pa.string()),
+        "attempt": pa.array(attempt, pa.int32()),
         "loss_mask": loss_mask_column(rows),
-        "version_spans": pa.array([rec.get("version_spans") for rec in records], pa.list_(VERSION_SPAN)),
-        "logprob_mode": pa.array([rec.get("logprob_mode") for rec in records], pa.string()),
+        "version_spans": pa.array(version_spans, pa.list_(VERSION_SPAN)),
+        "logprob_mode": pa.array(logprob_mode, pa.string()),
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORIES_SCHEMA)
 

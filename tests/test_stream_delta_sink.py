@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from datetime import UTC, datetime
@@ -30,7 +31,7 @@ from stream_processors import (
     txn_app_id,
 )
 from stream_processors import executions as executions_module
-from stream_processors.delta_sink import list_column, map_column, trajectories_table
+from stream_processors.delta_sink import list_column, map_column, packed_column, trajectories_table
 from stream_processors.executions import ExecutionLog, ExecutionRecord
 from stream_processors.sandbox import Execution, Limits
 
@@ -61,6 +62,33 @@ def test_list_column_is_built_by_offsets():
     assert column.type == pa.list_(pa.int32())
     assert column.to_pylist() == [[1, 2, 3], [], [7]]
     assert column.offsets.to_pylist() == [0, 3, 3, 4]
+
+
+def test_packed_column_joins_the_buffers_and_takes_list_column_for_anything_else():
+    packed = [np.frombuffer(np.array(v, "<i4").tobytes(), "<i4") for v in ([1, 2, 3], [], [7])]
+    column = packed_column(packed, pa.int32())
+    assert column.equals(list_column(packed, pa.int32()))
+    assert column.offsets.to_pylist() == [0, 3, 3, 4]
+    assert packed_column([], pa.float32()).equals(list_column([], pa.float32()))
+    # int64 values, or a strided view, are not in int32's layout: converted value by value instead
+    assert packed_column([np.array([5, 6]), packed[0]], pa.int32()).to_pylist() == [[5, 6], [1, 2, 3]]
+    assert packed_column([np.arange(6, dtype="<i4")[::2]], pa.int32()).to_pylist() == [[0, 2, 4]]
+
+
+def test_rows_of_records_without_the_optional_fields_store_their_defaults(batch):
+    rows = batch.rows[:2]
+    fields = ("response_text", "metadata", "task_id", "attempt", "version_spans", "logprob_mode")
+    bare = [
+        dataclasses.replace(r, record={k: v for k, v in r.record.items() if k not in fields}) for r in rows
+    ]
+    table = trajectories_table(bare, batch.coordinates[:2], datetime.now(UTC), "test-profile")
+    assert table.column("response_text").to_pylist() == ["", ""]
+    assert table.column("metadata").to_pylist() == [[], []]
+    assert table.column("attempt").to_pylist() == [0, 0]
+    assert table.column("task_id").null_count == table.column("version_spans").null_count == 2
+    whole = trajectories_table(rows, batch.coordinates[:2], datetime.now(UTC), "test-profile")
+    assert table.column("length").equals(whole.column("length"))
+    assert table.column("prompt_tokens").equals(whole.column("prompt_tokens"))
 
 
 def test_sink_writes_the_exact_schema_and_polars_reads_lists_back(tmp_path, records, batch):

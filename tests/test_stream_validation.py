@@ -29,7 +29,7 @@ from stream_processors.exceptions import (
     TokenIdError,
     VersionSpanError,
 )
-from stream_processors.validation import MAX_TOKEN_ID, values_ok
+from stream_processors.validation import MAX_TOKEN_ID, TokenArrays, values_ok
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -212,3 +212,14 @@ def test_a_crashing_verifier_yields_an_error_verdict_not_a_dead_letter():
     verdict = out.rows[0].verdict
     assert (verdict.status, verdict.reward, verdict.verifier) == ("error", 0.0, "broken")
     assert "ZeroDivisionError: boom" in (verdict.detail or "")
+
+
+def test_values_ok_checks_arrays_that_are_not_views_of_packed_buffers():
+    good = validate(make_record())
+    ids, logprobs = (
+        np.arange(8, dtype=np.int32)[::2],
+        np.zeros(8, np.float32)[::2],
+    )  # strided: no bytes to join
+    assert values_ok([good, TokenArrays(ids, ids, logprobs)])
+    assert not values_ok([good, TokenArrays(ids, np.full(8, MAX_TOKEN_ID, np.int32)[::2], logprobs)])
+    assert not values_ok([good, TokenArrays(ids, ids, np.full(8, np.nan, np.float32)[::2])])
