@@ -203,6 +203,7 @@ class PublisherCore:
         self._extra = dict(extra_config or {})
         if "message.max.bytes" in self._extra:
             self._limits = {t: min(v, int(self._extra["message.max.bytes"])) for t, v in self._limits.items()}
+        self._fits = self.limit(topic)
         self.bootstrap_servers = bootstrap_servers
         self._clients: dict[Lane, _LaneClient] = {}
         # The budget's counters are guarded by a plain lock (a C-level `with` per message); the
@@ -237,8 +238,8 @@ class PublisherCore:
             raise InvalidTrajectoryError(
                 f"{exc}; it was not sent", trajectory_id=tid, field="schema"
             ) from exc
-        key = message_key(record)
-        return self.route(Outgoing(self.topic, key, value, str(record["trajectory_id"])))
+        out = Outgoing(self.topic, message_key(record), value, str(record["trajectory_id"]))
+        return out if out.size <= self._fits else self.route(out)
 
     def route(self, out: Outgoing) -> Outgoing:
         """Send `out` to the ultra topic when it is too large for the main one, or refuse it."""

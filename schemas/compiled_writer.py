@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastavro.write import LOGICAL_WRITERS
 
@@ -79,6 +79,13 @@ def _prefix(n: str) -> str:
     return f"(V[{n}] if {n} < {_TABLE} else varint({n}))"
 
 
+def _wide_prefix(z: str) -> str:
+    """The varint of the non-negative integer held in variable `z`, a timestamp's 3 groups of 14
+    bits inline (`varint` for anything else)."""
+    wide = f"M[{z} & {_LOW}] + M[{z} >> {_BITS} & {_LOW}] + V[{z} >> {2 * _BITS}]"
+    return f"({wide} if {1 << 2 * _BITS} <= {z} < {1 << 3 * _BITS} else {_prefix(z)})"
+
+
 def _some_prefix(n: str) -> str:
     """A union's second-branch index, then the varint of the integer held in variable `n`."""
     return f"(S[{n}] if {n} < {_TABLE} else b'\\x02' + varint({n}))"
@@ -100,14 +107,26 @@ def _is_timestamp(schema: Any) -> bool:
     return isinstance(schema, Mapping) and schema.get("logicalType") == "timestamp-millis"
 
 
-def _scalar(src: Source, schema: Any, var: str, indent: int) -> tuple[str, str | None] | None:
+class _Scalar(NamedTuple):
+    """How a scalar is written: the variable its varint prefix writes ("" for none), the
+    expression of its bytes after that (None for none), and whether the varint is a timestamp's."""
+
+    counted: str
+    data: str | None
+    wide: bool = False
+
+    def prefix(self) -> str:
+        return _wide_prefix(self.counted) if self.wide else _prefix(self.counted)
+
+
+def _scalar(src: Source, schema: Any, var: str, indent: int) -> _Scalar | None:
     """Lines checking (and for a string, encoding) a scalar in `var`; None for other types.
 
-    Returns (what the integer prefix counts, the value's bytes or None): for a string or bytes,
-    the zigzagged length and `var`; for an int or long, the zigzagged value and None; for a double,
-    None and its packed bytes expression.
+    A string or bytes is written as its zigzagged length and `var`; an int or long as its
+    zigzagged value; a double as its packed bytes.
     """
-    if _is_timestamp(schema):
+    timestamp = _is_timestamp(schema)
+    if timestamp:
         prepare = src.constant(LOGICAL_WRITERS["long-timestamp-millis"])
         src.line(indent, f"if type({var}) is not int: {var} = {prepare}({var}, {src.constant(schema)})")
         schema = "long"
@@ -119,16 +138,16 @@ def _scalar(src: Source, schema: Any, var: str, indent: int) -> tuple[str, str |
         else:
             src.line(indent, f"if type({var}) is not bytes: raise Unsupported")
         src.line(indent, f"{n} = len({var}) << 1")
-        return n, var
+        return _Scalar(n, var)
     if isinstance(schema, str) and schema in _RANGES:
         low, high = _RANGES[schema]
         z = src.fresh("z")
         src.line(indent, f"if type({var}) is not int or not {low} <= {var} < {high}: raise Unsupported")
         src.line(indent, f"{z} = ({var} << 1) ^ ({var} >> 63)")
-        return z, None
+        return _Scalar(z, None, timestamp)
     if schema == "double":
         src.line(indent, f"if type({var}) is not float: raise Unsupported")
-        return "", f"pack_double({var})"
+        return _Scalar("", f"pack_double({var})")
     return None
 
 
@@ -146,11 +165,10 @@ def _append(src: Source, schema: Any, var: str, indent: int, a: str) -> None:
         return
     scalar = _scalar(src, schema, var, indent)
     if scalar is not None:
-        count, data = scalar
-        if count:
-            src.line(indent, f"{a}({_prefix(count)})")
-        if data is not None:
-            src.line(indent, f"{a}({data})")
+        if scalar.counted:
+            src.line(indent, f"{a}({scalar.prefix()})")
+        if scalar.data is not None:
+            src.line(indent, f"{a}({scalar.data})")
     elif isinstance(schema, Mapping) and schema.get("type") in ("map", "array"):
         src.line(indent, f"{a}({_items(src, schema, var, indent)})")
     elif isinstance(schema, Mapping) and schema.get("type") == "record":
@@ -205,13 +223,12 @@ def _union(src: Source, branch: Any, var: str, indent: int) -> list[str]:
     scalar = _scalar(src, branch, var, indent + 4)
     body = var
     if scalar is not None:
-        count, data = scalar
-        if not count:  # a double
-            src.line(indent + 4, f"{head} = b'\\x02' + {data}")
+        if not scalar.counted:  # a double
+            src.line(indent + 4, f"{head} = b'\\x02' + {scalar.data}")
             body = ""
         else:
-            src.line(indent + 4, f"{head} = {_some_prefix(count)}")
-            body = var if data else ""  # an int or long has no piece after its prefix
+            src.line(indent + 4, f"{head} = {_some_prefix(scalar.counted)}")
+            body = var if scalar.data else ""  # an int or long has no piece after its prefix
     elif isinstance(branch, Mapping) and branch.get("type") in ("map", "array"):
         body = _items(src, branch, var, indent + 4)
         src.line(indent + 4, f"{head} = b'\\x02'")
@@ -235,8 +252,7 @@ def _pieces(src: Source, schema: Any, var: str, indent: int) -> list[str]:
         return _union(src, schema[1], var, indent)
     scalar = _scalar(src, schema, var, indent)
     if scalar is not None:
-        count, data = scalar
-        return [piece for piece in (count and _prefix(count), data) if piece]
+        return [piece for piece in (scalar.counted and scalar.prefix(), scalar.data) if piece]
     if isinstance(schema, Mapping) and schema.get("type") in ("map", "array"):
         return [_items(src, schema, var, indent)]
     if isinstance(schema, Mapping) and schema.get("type") == "record":
@@ -279,6 +295,7 @@ def compile_writer(schema: Mapping[str, Any], prefix: bytes = b"") -> Writer | N
         "PREFIX": prefix,
         "V": _VARINTS,
         "S": _SOME,
+        "M": _MORE,
         "varint": varint,
         "pack_double": struct.Struct("<d").pack,
         "Unsupported": Unsupported,
