@@ -122,10 +122,10 @@ class Report:
     """One queued message's delivery report: librdkafka calls it once, with (error, message).
 
     It carries what the result needs (id, topic, size, lane, when it was queued) and is also what
-    hands the result over: the sync and asyncio publishers subclass it with their `settle`. One
-    slotted object per message in flight, not the value's bytes: thousands are in flight at once,
-    and each tracked object alive there is work for the caller's cyclic garbage collector
-    (docs/producers.md, Benchmarks).
+    hands the result over: the sync and asyncio publishers subclass it with their `settle` (the
+    sync publisher's is the message's future too). One object per message in flight, without the
+    value's bytes: thousands are in flight at once, and each tracked object alive there is work
+    for the caller's cyclic garbage collector (docs/producers.md, Benchmarks).
     """
 
     __slots__ = ("core", "lane", "message_id", "size", "started", "topic")

@@ -4,7 +4,7 @@ fastavro's writer works out each field's type, and tries the branches of each un
 every call: 20 to 35 µs of CPU for a 1 KB trajectory here, about a quarter of a publish's. The
 compiled function runs straight through the schema's fields instead, holding each piece of the
 body (a length or union prefix, a value's bytes) in a local and joining them all once at the end:
-about 3 µs for the same records (docs/producers.md, Benchmarks). Prefixes come from tables:
+about 3.6 µs for the same records (docs/producers.md, Benchmarks). Prefixes come from tables:
 the varint of every value below 2**14, and the same after a union's branch index; a larger
 integer (a timestamp) is written 14 bits at a time.
 
