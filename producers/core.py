@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from time import perf_counter
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -43,6 +44,8 @@ client_log = logging.getLogger("producers.librdkafka")
 
 DEFAULT_BUDGET_BYTES = 128 * MIB
 IDLE_POLL_S = 0.005
+# Messages a publishing caller queues between two polls of its own for delivery reports.
+INLINE_POLL_EVERY = 16
 
 
 def message_key(record: Mapping[str, Any]) -> bytes:
@@ -54,24 +57,31 @@ def message_key(record: Mapping[str, Any]) -> bytes:
 class _LaneClient:
     """One Kafka producer and the thread that serves its delivery reports.
 
-    In the throughput lane a publishing caller serves reports itself (`poll_inline` after each
-    message): running them on a second Python thread at the same time would pass the GIL back and
-    forth per message. When the caller has not polled for `IDLE_POLL_S` (it waits for budget,
-    flushes, or does other work), the thread serves them, waking as soon as one arrives. In the
-    latency lane the thread always serves them, so a result never waits for the next publish.
+    In the throughput lane a publishing caller serves reports itself (`poll_inline`, once every
+    `INLINE_POLL_EVERY` messages): running them on a second Python thread at the same time would
+    pass the GIL back and forth per message, and each poll releases and retakes the GIL. When the
+    caller has not polled for `IDLE_POLL_S` (it waits for budget, flushes, or does other work),
+    the thread serves them, waking as soon as one arrives. In the latency lane the thread always
+    serves them, so a result never waits for the next publish.
     """
 
     def __init__(self, config: dict[str, Any], lane: Lane) -> None:
         self.producer = Producer(config)
         self.inline = lane is Lane.THROUGHPUT
         self.last_poll = 0.0
+        self._unpolled = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"rollstream-{lane}-deliveries", daemon=True)
         self._thread.start()
 
     def poll_inline(self) -> None:
-        """Serve the reports that have arrived, on the caller's thread, without waiting."""
+        """Count one message queued; every `INLINE_POLL_EVERY` of them, serve the reports that have
+        arrived, on the caller's thread, without waiting."""
         if self.inline:
+            self._unpolled += 1
+            if self._unpolled < INLINE_POLL_EVERY:
+                return
+            self._unpolled = 0
             self.last_poll = time.monotonic()
             try:
                 self.producer.poll(0)
@@ -112,10 +122,10 @@ class Report:
     """One queued message's delivery report: librdkafka calls it once, with (error, message).
 
     It carries what the result needs (id, topic, size, lane, when it was queued) and is also what
-    hands the result over: the sync and asyncio publishers subclass it with their `settle`. One
-    slotted object per message in flight, not the value's bytes: thousands are in flight at once,
-    and each tracked object alive there is work for the caller's cyclic garbage collector
-    (docs/producers.md, Benchmarks).
+    hands the result over: the sync and asyncio publishers subclass it with their `settle` (the
+    sync publisher's is the message's future too). One object per message in flight, without the
+    value's bytes: thousands are in flight at once, and each tracked object alive there is work
+    for the caller's cyclic garbage collector (docs/producers.md, Benchmarks).
     """
 
     __slots__ = ("core", "lane", "message_id", "size", "started", "topic")
@@ -132,7 +142,25 @@ class Report:
         raise NotImplementedError
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        self.core._on_delivery(self, err, msg)
+        latency = perf_counter() - self.started
+        core = self.core
+        if err is None:
+            result = DeliveryResult(
+                self.message_id, self.topic, msg.partition() or 0, msg.offset() or 0, self.lane, latency
+            )
+        else:
+            result = core.failed_result(self, err, latency)
+        try:
+            self.settle(result)
+        except Exception:
+            log.exception(
+                "a delivery callback raised for %r (the result was still recorded)", self.message_id
+            )
+        # Last: a flush that sees nothing in flight finds every future already resolved.
+        if result.error is None:
+            core.release(self.size, delivered=True)
+        else:
+            core.release(self.size, (self.message_id, result.error.first_reason))
 
 
 class PublisherCore:
@@ -175,6 +203,7 @@ class PublisherCore:
         self._extra = dict(extra_config or {})
         if "message.max.bytes" in self._extra:
             self._limits = {t: min(v, int(self._extra["message.max.bytes"])) for t, v in self._limits.items()}
+        self._fits = self.limit(topic)
         self.bootstrap_servers = bootstrap_servers
         self._clients: dict[Lane, _LaneClient] = {}
         # The budget's counters are guarded by a plain lock (a C-level `with` per message); the
@@ -209,8 +238,8 @@ class PublisherCore:
             raise InvalidTrajectoryError(
                 f"{exc}; it was not sent", trajectory_id=tid, field="schema"
             ) from exc
-        key = message_key(record)
-        return self.route(Outgoing(self.topic, key, value, str(record["trajectory_id"])))
+        out = Outgoing(self.topic, message_key(record), value, str(record["trajectory_id"]))
+        return out if out.size <= self._fits else self.route(out)
 
     def route(self, out: Outgoing) -> Outgoing:
         """Send `out` to the ultra topic when it is too large for the main one, or refuse it."""
@@ -255,14 +284,19 @@ class PublisherCore:
                 self._wakers.append(waker)
             return False
 
-    def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
-        """Take budget for `out`, waiting up to `timeout` seconds; raises BackpressureError."""
-        size = out.size
-        with self._lock:  # the common case, `_take` inlined: open, and room in the budget
+    def reserve_now(self, size: int) -> bool:
+        """Take `size` bytes of budget if the publisher is open and they fit now (`_take` inlined)."""
+        with self._lock:
             if not self.closed and (not self._count or self._bytes + size <= self.max_in_flight_bytes):
                 self._bytes += size
                 self._count += 1
-                return
+                return True
+        return False
+
+    def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
+        """Take budget for `out`, waiting up to `timeout` seconds; raises BackpressureError."""
+        if self.reserve_now(out.size):
+            return
         deadline = time.monotonic() + timeout
         with self._room:
             while not self._take(out.size):
@@ -311,9 +345,12 @@ class PublisherCore:
             if self._sleepers:
                 self._room.notify_all()
             if not self._wakers:
-                return
-            wakers, self._wakers = self._wakers, []
-        for wake in wakers:
+                wakers = None
+            else:
+                wakers, self._wakers = self._wakers, []
+        if delivered and self._warned:
+            self._warned.clear()  # each kind of client error is logged again after a success
+        for wake in wakers or ():
             wake()
 
     def wait_idle(self, timeout: float) -> int:
@@ -366,9 +403,9 @@ class PublisherCore:
         chosen = self.lane if lane is None else Lane(lane)
         client = self._clients.get(chosen) or self.client(chosen)
         report.core, report.lane, report.topic = self, chosen, out.topic
-        report.message_id, report.size, report.started = out.message_id, out.size, time.perf_counter()
+        report.message_id, report.size, report.started = out.message_id, out.size, perf_counter()
         try:
-            client.producer.produce(out.topic, out.value, out.key, on_delivery=report)
+            client.producer.produce(out.topic, out.value, out.key, -1, report)  # -1: partitioner picks
         except BufferError:
             self.release(out.size)
             raise
@@ -378,27 +415,10 @@ class PublisherCore:
             raise self._delivery_error(out, error) from exc
         client.poll_inline()
 
-    def _on_delivery(self, report: Report, err: KafkaError | None, msg: Message) -> None:
-        latency = time.perf_counter() - report.started
-        failure = None
-        if err is None:
-            if self._warned:
-                self._warned.clear()
-            result = DeliveryResult(
-                report.message_id, report.topic, msg.partition() or 0, msg.offset() or 0, report.lane, latency
-            )
-        else:
-            error = self._delivery_error(report, err)
-            result = DeliveryResult(report.message_id, report.topic, -1, -1, report.lane, latency, error)
-            failure = (report.message_id, error.first_reason)
-        try:
-            report.settle(result)
-        except Exception:
-            log.exception(
-                "a delivery callback raised for %r (the result was still recorded)", report.message_id
-            )
-        # Last: a flush that sees nothing in flight finds every future already resolved.
-        self.release(report.size, failure, delivered=err is None)
+    def failed_result(self, report: Report, err: KafkaError, latency: float) -> DeliveryResult:
+        """The result of `report`'s message that librdkafka failed with `err`."""
+        error = self._delivery_error(report, err)
+        return DeliveryResult(report.message_id, report.topic, -1, -1, report.lane, latency, error)
 
     def _delivery_error(self, out: Outgoing | Report, err: KafkaError) -> DeliveryError:
         reason = f"{err.name()}: {err.str()}"

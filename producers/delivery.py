@@ -67,17 +67,21 @@ class DeliveryFuture(Future[DeliveryResult]):
     often: about a quarter of a 1 KB publish's CPU here (docs/producers.md, Benchmarks). This
     future makes its condition when first asked for it (result, wait, as_completed,
     add_done_callback, cancel, ...), and its waiters and callbacks lists when first used (always
-    under that condition); settling one that nobody waits on needs none of them. Behaves as a
-    Future in every respect.
+    under that condition); settling one that nobody waits on needs none of them. A new one holds
+    no attribute of its own: its pending state is the class's, and settling it sets its own.
+    Behaves as a Future in every respect.
     """
 
-    def __init__(self) -> None:  # Future.__init__'s state (Python 3.11), but for the condition
-        self._made: threading.Condition | None = None
-        self._state = PENDING
-        self._result = None
-        self._exception = None
-        self._waiting: list[_Waiter] | None = None
-        self._callbacks: list[Callable[[Future[DeliveryResult]], object]] | None = None
+    # Future.__init__'s state (Python 3.11), as class defaults, but for the condition.
+    _made: threading.Condition | None = None
+    _state = PENDING
+    _result = None
+    _exception = None
+    _waiting: list[_Waiter] | None = None
+    _callbacks: list[Callable[[Future[DeliveryResult]], object]] | None = None
+
+    def __init__(self) -> None:
+        pass
 
     @property
     def _condition(self) -> threading.Condition:

@@ -22,19 +22,20 @@ DEFAULT_BLOCK_S = 30.0
 BUFFER_RETRY_S = 0.005
 
 
-class _Resolve(Report):
-    """One message's report: settles its future with the result, then calls the caller's `on_delivery`."""
+class _Pending(Report, DeliveryFuture):
+    """One message's future, and also its report: librdkafka calls it with the result, which
+    settles it and is passed to the caller's `on_delivery`. One object alive per message in flight."""
 
-    __slots__ = ("future", "on_delivery")
+    __slots__ = ("on_delivery",)
 
-    def __init__(self, future: Future[DeliveryResult], on_delivery: DeliveryCallback | None) -> None:
-        self.future, self.on_delivery = future, on_delivery
+    def __init__(self, on_delivery: DeliveryCallback | None) -> None:
+        self.on_delivery = on_delivery
 
     def settle(self, result: DeliveryResult) -> None:
         if result.error is None:
-            self.future.set_result(result)
+            self.set_result(result)
         else:
-            self.future.set_exception(result.error)
+            self.set_exception(result.error)
         if self.on_delivery is not None:
             self.on_delivery(result)
 
@@ -153,20 +154,26 @@ class Publisher(BasePublisher):
         on_delivery: DeliveryCallback | None,
         timeout: float | None,
     ) -> Future[DeliveryResult]:
+        pending = _Pending(on_delivery)
+        chosen = None if lane is None else Lane(lane)
+        core = self.core
+        if core.reserve_now(out.size):  # the common case: room in the budget, and in librdkafka's queue
+            try:
+                core.send(out, chosen, pending)
+                return pending
+            except BufferError:  # librdkafka's own queue is full (its message count)
+                time.sleep(BUFFER_RETRY_S)
         wait = self.block_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + wait
-        future: Future[DeliveryResult] = DeliveryFuture()
-        done = _Resolve(future, on_delivery)
-        chosen = None if lane is None else Lane(lane)
         while True:
-            self.core.reserve_blocking(out, max(0.0, deadline - time.monotonic()))
+            core.reserve_blocking(out, max(0.0, deadline - time.monotonic()))
             try:
-                self.core.send(out, chosen, done)
-                return future
+                core.send(out, chosen, pending)
+                return pending
             except BufferError:
                 # librdkafka's own queue is full (its message count): give deliveries a moment.
                 if time.monotonic() >= deadline:
-                    raise self.core.backpressure(out, wait) from None
+                    raise core.backpressure(out, wait) from None
                 time.sleep(BUFFER_RETRY_S)
 
     def flush(self, timeout: float = 60.0) -> None:

@@ -306,6 +306,19 @@ def test_the_compiled_writer_matches_fastavro_at_the_edges() -> None:
         assert codec._compiled(record) == _fastavro(codec, record)
 
 
+def test_the_compiled_writer_matches_fastavro_at_varint_width_boundaries() -> None:
+    """Each width of varint, the table's edge (2**14) and a timestamp's three 14-bit groups."""
+    codec = TrajectoryCodec()
+    for bits in range(6, 63, 7):
+        for zigzagged in (2**bits - 1, 2**bits, 2**bits + 1, 2 ** (bits + 1) - 1):
+            value = (zigzagged >> 1) ^ -(zigzagged & 1)
+            for record in (
+                _record(created_at=value, policy_version=value),
+                _record(created_at=-value, policy_version=-value, task_id="t" * min(zigzagged >> 1, 20_000)),
+            ):
+                assert codec._compiled(record) == _fastavro(codec, record)
+
+
 @pytest.mark.parametrize(
     "change",
     [
