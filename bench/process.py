@@ -25,9 +25,13 @@ p99_latency_s: groups published at half ours' median rate to an idle worker; per
 publish of its last sample to its rows visible. peak_rss_mb: the worker's peak resident memory
 (children included) over a backlog of `--backlog` messages.
 
+`--only latency,rss` runs just those parts (of throughput, code, latency, rss); without the
+throughput rounds the latency test publishes at `--latency-rate` (half the last measured median).
+
 Needs a broker: `rollstream up` (or set ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS).
 
     python bench/process.py [--trajectories 30000] [--rounds 3] [--backlog 50000] [--json]
+    python bench/process.py --only latency,rss --latency-rate 3575
 """
 
 from __future__ import annotations
@@ -67,9 +71,11 @@ COMMIT_INTERVAL_S = 1.0
 BATCH = 500
 WARMUP_S = 5.0
 POOL_GROUPS = 500
+"""Distinct fleet groups the latency test re-sends under new ids (4,000 messages, about 31 MB)."""
 WARMUP_MESSAGES = 2_000
 """Messages a side works through before its window opens (start-up, rebalances, pool imports)."""
-"""Distinct fleet groups the latency test re-sends under new ids (4,000 messages, about 31 MB)."""
+PARTS = ("throughput", "code", "latency", "rss")
+"""What `--only` chooses from: the rounds against the baselines, the run on code tasks, p99 latency, peak RSS."""
 
 
 def _topics(admin: AdminClient, tag: str) -> tuple[str, str, str]:
@@ -432,10 +438,28 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"comma-separated parts to run, of {','.join(PARTS)} (default all)",
+    )
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        default=None,
+        help="messages/s of the latency test; default half ours' median rate (needed without throughput)",
+    )
+    parser.add_argument(
         "--bootstrap-servers", default=os.environ.get("ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    if parts - set(PARTS):
+        raise SystemExit(
+            f"--only: unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}"
+        )
+    if "latency" in parts and "throughput" not in parts and args.latency_rate is None:
+        raise SystemExit("--only without throughput: give --latency-rate (half ours' median rate, e.g. 3575)")
     servers = args.bootstrap_servers
     admin = AdminClient({"bootstrap.servers": servers})
     try:
@@ -444,37 +468,40 @@ def main() -> None:
         raise SystemExit(f"no broker at {servers} ({exc}): run `rollstream up` first") from exc
 
     load_before = load_average()
-    measured = fleet_messages(args.trajectories, args.seed)
-    warm = fleet_messages(WARMUP_MESSAGES, args.seed + 1000)
+    measured = fleet_messages(args.trajectories, args.seed) if "throughput" in parts else []
+    warm = fleet_messages(WARMUP_MESSAGES, args.seed + 1000) if parts & {"throughput", "code"} else []
     megabytes = sum(len(v) for _, v in measured) / 1e6
     new_props = writer_properties()
     old_props = WriterProperties(compression="ZSTD")
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-process-") as tmp:
         work = Path(tmp)
-        samples = alternate(
-            ("ours", lambda i: _ours_side(admin, servers, warm, measured, work)),
-            [
-                (
-                    "baseline-serial",
-                    lambda i: _baseline_side(admin, servers, warm, measured, work, new_props, False),
-                ),
-                (
-                    "baseline-threaded",
-                    lambda i: _baseline_side(admin, servers, warm, measured, work, new_props, True),
-                ),
-            ],
-            args.rounds,
-        )
-        old = _baseline_side(admin, servers, warm, measured, work, old_props, False)
-        result = summary(samples, "ours", load_before, unit="trajectories")
-        ours_rate = result["ours_per_s"]
-        result.update(
-            trajectories=len(measured),
-            message_mb=round(megabytes, 1),
-            ours_mb_per_s=round(megabytes * ours_rate / len(measured), 2),
-            baseline_old_form_per_s=round(old.rate, 1),
-        )
-        if args.code_messages:
+        if "throughput" in parts:
+            samples = alternate(
+                ("ours", lambda i: _ours_side(admin, servers, warm, measured, work)),
+                [
+                    (
+                        "baseline-serial",
+                        lambda i: _baseline_side(admin, servers, warm, measured, work, new_props, False),
+                    ),
+                    (
+                        "baseline-threaded",
+                        lambda i: _baseline_side(admin, servers, warm, measured, work, new_props, True),
+                    ),
+                ],
+                args.rounds,
+            )
+            old = _baseline_side(admin, servers, warm, measured, work, old_props, False)
+            result = summary(samples, "ours", load_before, unit="trajectories")
+            result.update(
+                trajectories=len(measured),
+                message_mb=round(megabytes, 1),
+                ours_mb_per_s=round(megabytes * result["ours_per_s"] / len(measured), 2),
+                baseline_old_form_per_s=round(old.rate, 1),
+            )
+        else:
+            result["load_before"] = load_before
+        if args.code_messages and "code" in parts:
             code = _code_messages(args.code_messages, args.seed + 2000)
             try:
                 with_code = _ours_side(admin, servers, warm, code, work)
@@ -482,18 +509,19 @@ def main() -> None:
                 result["code_messages"] = len(code)
             except (SystemExit, Exception) as exc:
                 result["ours_with_code_error"] = str(exc)
-        if args.latency_seconds:
+        if args.latency_seconds and "latency" in parts:
             tag = uuid.uuid4().hex[:6]
+            rate = args.latency_rate if args.latency_rate is not None else result["ours_per_s"] / 2
             latencies = _latency(
-                servers, _topics(admin, f"l-{tag}"), ours_rate / 2, args.latency_seconds, work / "lat"
+                servers, _topics(admin, f"l-{tag}"), rate, args.latency_seconds, work / "lat"
             )
             result.update(
-                latency_rate_per_s=round(ours_rate / 2, 1),
+                latency_rate_per_s=round(rate, 1),
                 latency_groups=len(latencies),
                 p50_latency_s=round(float(np.percentile(latencies, 50)), 3),
                 p99_latency_s=round(float(np.percentile(latencies, 99)), 3),
             )
-        if args.backlog:
+        if args.backlog and "rss" in parts:
             backlog_topics = _topics(admin, f"b-{uuid.uuid4().hex[:6]}")
             codec = TrajectoryCodec()
             stream = without_code(SyntheticFleet(seed=args.seed + 1).trajectories(args.backlog))

@@ -32,6 +32,8 @@ class StreamDefaults:
     domain_warmup: Final = 32
     commit_mib: Final = 64
     commit_interval_s: Final = 1.0
+    idle_commit_s: Final = 0.1
+    """The commit wait when the lanes are caught up (`Stage.idle_commit_s`)."""
     session_timeout_s: Final = 10.0
     task_window: Final = 100_000
     """Completed task ids remembered per partition (about 8 MB each when full, 1.1 MB as a snapshot)."""

@@ -22,7 +22,8 @@ Steps of `accept`:
   4. commit the outbox when it holds `commit_bytes` or is `commit_interval_s` old: the rows, the
      txn versions and the state (state.py) in one Delta commit. With `background_commits` (the
      worker's setting) a committer thread writes it while the next batches are accepted, one
-     commit at a time; its rows count as safe only once it is stored.
+     commit at a time; its rows count as safe only once it is stored. Once it is written
+     `on_written` is called, so the worker starts the next due commit without waiting for its timer.
 A failing write is retried with exponential backoff by tenacity (`write_retries` times), each
 retry logged with its attempt, wait and error. A failure of the host while
 judging (TransientScoringError, raised by the processor) propagates: the worker stops unacked.
@@ -148,7 +149,7 @@ class Stage:
         warmup: int = StreamDefaults.domain_warmup,
         commit_bytes: int = StreamDefaults.commit_mib * 2**20,
         commit_interval_s: float = StreamDefaults.commit_interval_s,
-        idle_commit_s: float = 0.25,
+        idle_commit_s: float = StreamDefaults.idle_commit_s,
         write_retries: int = StreamDefaults.write_retries,
         retry_backoff_s: float = 0.5,
         dedup_window: int = DEFAULT_WINDOW,
@@ -186,6 +187,9 @@ class Stage:
         )
         self._committing: _Commit | None = None
         self.observer: StageObserver = observer if observer is not None else StageObserver()
+        self.on_written: Callable[[], None] = lambda: None
+        """Called in the committer thread once a background commit's rows are in the table (the
+        worker then runs a `tick` at once, so a due outbox does not wait for the timer)."""
 
     # -- startup ---------------------------------------------------------------------------------
 
@@ -460,7 +464,8 @@ class Stage:
         write, states, coordinates = self._prepare()
         lowest = self._outbox_lowest
         self._clear_outbox()
-        self._committing = _Commit(self._committer.submit(write), coordinates, states, lowest)
+        future = self._committer.submit(self._then_notify, write)
+        self._committing = _Commit(future, coordinates, states, lowest)
         return settled
 
     def _next_states(self) -> dict[TopicPartition, PartitionState]:
@@ -504,9 +509,11 @@ class Stage:
         partition states it stores, and the rows' coordinates.
 
         The state's metadata is serialized here, so groups decided while the write runs belong
-        to the next commit; the rows' table is built by the write.
+        to the next commit; the rows' table is built by the write, which then lets the rows go
+        (during a background write only the table holds them; a synchronous commit keeps the
+        outbox until it succeeds).
         """
-        rows, coordinates = self._outbox, self._outbox_coords
+        outbox, coordinates, count = [self._outbox], self._outbox_coords, len(self._outbox)
         states = self._next_states()
         candidate = SinkState(
             self.state.app_id,
@@ -523,14 +530,20 @@ class Stage:
 
         def write() -> int:
             started = time.perf_counter()
-            data = trajectories_table(rows, coordinates, ingested_at, profile_id)
+            data = trajectories_table(outbox.pop(), coordinates, ingested_at, profile_id)
             version = self._retrying(
                 "trajectories", lambda: self.sink.table.commit(data, versions, metadata, expected=expected)
             )
-            self.observer.committed(len(rows), nbytes, time.perf_counter() - started)
+            self.observer.committed(count, nbytes, time.perf_counter() - started)
             return version
 
         return write, states, coordinates
+
+    def _then_notify(self, write: Callable[[], int]) -> int:
+        """`write` (in the committer thread), then `on_written`."""
+        version = write()
+        self.on_written()
+        return version
 
     def _clear_outbox(self) -> None:
         self._outbox, self._outbox_coords, self._outbox_bytes, self._outbox_since = [], [], 0, None

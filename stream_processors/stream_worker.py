@@ -66,6 +66,9 @@ class StreamWorker:
         self.readiness = readiness
         self.shutdown = Shutdown(committer, self.crash, readiness, close)
         self.app: faust.App | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._kicks: set[asyncio.Task[None]] = set()
+        self.stage.on_written = self._written
         metrics.follow_pending(lambda: self.stage.pending_groups)
         metrics.follow_lag(LagCollector(self.log_ends, listener.stored_next))
 
@@ -110,7 +113,7 @@ class StreamWorker:
     async def _join(self, lane: Lane) -> bool:
         """Preflight (once for all lanes), then subscribe; False (and a crash) if either failed."""
         try:
-            self.listener.loop = asyncio.get_running_loop()
+            self.listener.loop = self._loop = asyncio.get_running_loop()
             await self.preflight.ensure()
             await lane.subscribe()
         except Exception as exc:
@@ -165,6 +168,20 @@ class StreamWorker:
         except Exception as exc:
             log.exception("releasing timed-out groups failed; stopping")
             await self.crash(exc)
+
+    def _written(self) -> None:
+        """In the committer thread, a commit was stored: tick at once, so rows decided meanwhile
+        start their commit now rather than at the next timer tick."""
+        loop = self._loop
+        if loop is not None and not self.should_stop:
+            loop.call_soon_threadsafe(self._kick)
+
+    def _kick(self) -> None:
+        if self.should_stop or not self.shutdown.running:
+            return
+        task = asyncio.ensure_future(self.tick())
+        self._kicks.add(task)
+        task.add_done_callback(self._kicks.discard)
 
     async def announce_web_server(self) -> None:
         """Log where `/metrics` and `/health` answer; a task, so Faust's logging is set up by then."""

@@ -46,7 +46,8 @@ class WorkerOptions:
             attempt of one of them is a dead letter `duplicate_attempt` (attempts.py).
         commit_bytes, commit_interval_s: a commit is made once the decided rows hold this many
             message bytes, or once the oldest waited this long; when the lanes are caught up
-            (less than a batch waits behind their last batches), once the oldest waited 0.25 s.
+            (less than a batch waits behind their last batches), once the oldest waited
+            `StreamDefaults.idle_commit_s` (0.1 s).
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet committed): above it fetching rollouts.raw pauses, and resumes at half. The
             intake adds one batch read ahead and librdkafka's prefetch queue (64 MiB per lane).

@@ -426,6 +426,8 @@ def test_a_background_commit_keeps_its_rows_unsafe_until_stored_and_a_failed_one
         return real_commit(*args, **kwargs)
 
     table.commit = held_commit  # type: ignore[method-assign]
+    written: list[int] = []
+    stage.on_written = lambda: written.append(pl.read_delta(str(tmp_path / "trajectories")).height)
     t = 1000.0
     first = stage.accept(stage.judge(messages[:8]), now=t, caught_up=True)
     assert first.rows_written == 0 and stage.tick(t + 1, caught_up=True) == 0
@@ -436,6 +438,7 @@ def test_a_background_commit_keeps_its_rows_unsafe_until_stored_and_a_failed_one
     assert not DeltaTable.is_deltatable(str(tmp_path / "trajectories"))
     release.set()
     assert stage.flush() == 16  # settles the first commit, then commits the other 8 itself
+    assert written == [8], "on_written is called once per background commit, after its rows are stored"
     assert stage.safe_offsets()[("raw", 0)] == 16
     assert pl.read_delta(str(tmp_path / "trajectories")).height == 16
 
@@ -450,4 +453,5 @@ def test_a_background_commit_keeps_its_rows_unsafe_until_stored_and_a_failed_one
     with pytest.raises(SinkError, match="the disk is gone"):
         stage.flush()
     assert stage.safe_offsets()[("raw", 0)] == 16, "a failed commit's rows counted as safe"
+    assert written == [8], "on_written called for a failed commit"
     assert pl.read_delta(str(tmp_path / "trajectories")).height == 16
