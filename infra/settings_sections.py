@@ -272,6 +272,12 @@ class StreamSettings(Section):
     commit_interval: float = Field(
         default=StreamDefaults.commit_interval_s, gt=0, description="Commit at least this often, seconds."
     )
+    idle_commit: float = Field(
+        default=StreamDefaults.idle_commit_s,
+        gt=0,
+        description="While the worker is caught up, commit once the oldest decided row waited this long, "
+        "seconds: lower is less latency and more commits per second.",
+    )
     session_timeout: float = Field(
         default=StreamDefaults.session_timeout_s,
         gt=0,

@@ -156,6 +156,7 @@ def _stage(o: WorkerOptions, metrics: WorkerMetrics) -> tuple[Stage, list[tuple[
         task_window=o.task_window,
         commit_bytes=o.commit_bytes,
         commit_interval_s=o.commit_interval_s,
+        idle_commit_s=o.idle_commit_s,
         write_retries=o.write_retries,
         background_commits=True,
         observer=metrics,

@@ -47,7 +47,8 @@ class WorkerOptions:
         commit_bytes, commit_interval_s: a commit is made once the decided rows hold this many
             message bytes, or once the oldest waited this long; when the lanes are caught up
             (less than a batch waits behind their last batches), once the oldest waited
-            `StreamDefaults.idle_commit_s` (0.1 s).
+            `idle_commit_s`: the latency of a worker with time to spare, paid for in commits per
+            second (one each `idle_commit_s` while rows arrive).
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet committed): above it fetching rollouts.raw pauses, and resumes at half. The
             intake adds one batch read ahead and librdkafka's prefetch queue (64 MiB per lane).
@@ -95,6 +96,7 @@ class WorkerOptions:
     task_window: int = StreamDefaults.task_window
     commit_bytes: int = StreamDefaults.commit_mib * 2**20
     commit_interval_s: float = StreamDefaults.commit_interval_s
+    idle_commit_s: float = StreamDefaults.idle_commit_s
     raw_buffer_bytes: int = 256 * 2**20
     session_timeout_s: float = StreamDefaults.session_timeout_s
     instance_id: str | None = None

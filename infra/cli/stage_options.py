@@ -51,6 +51,7 @@ def worker_options(settings: Settings) -> WorkerOptions:
         domain_warmup=stream.domain_warmup,
         commit_bytes=stream.commit_mb * 2**20,
         commit_interval_s=stream.commit_interval,
+        idle_commit_s=stream.idle_commit,
         session_timeout_s=stream.session_timeout,
         task_window=stream.task_window,
         sandbox_pool_size=settings.sandbox.pool_size,
