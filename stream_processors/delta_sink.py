@@ -59,6 +59,22 @@ def writer_properties() -> WriterProperties:
     )
 
 
+def _offsets(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.DataType) -> npt.NDArray[np.int64]:
+    """The list offsets of `arrays` (one more than rows).
+
+    Raises:
+        SinkError: the values overflow a list column's int32 offsets.
+    """
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays)), out=offsets[1:])
+    if offsets[-1] > _MAX_LIST_VALUES:
+        raise SinkError(
+            f"one batch holds {offsets[-1]} {value_type} values, more than a list column's int32 "
+            "offsets allow: lower batch_size"
+        )
+    return offsets
+
+
 def list_column(
     arrays: Sequence[npt.NDArray[np.generic]],
     value_type: pa.DataType,
@@ -69,14 +85,7 @@ def list_column(
 
     `nulls` marks the rows that are null (their arrays are empty).
     """
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] > _MAX_LIST_VALUES:
-        raise SinkError(
-            f"one batch holds {offsets[-1]} {value_type} values, more than a list column's int32 "
-            "offsets allow: lower batch_size"
-        )
+    offsets = _offsets(arrays, value_type)
     values = np.concatenate(arrays) if arrays else np.empty(0, dtype=value_type.to_pandas_dtype())
     mask = None if nulls is None or not nulls.any() else pa.array(nulls)
     return pa.ListArray.from_arrays(
@@ -112,14 +121,7 @@ def packed_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.Data
         data = b"".join(arrays)  # type: ignore[arg-type]  # numpy arrays are bytes-like
     except (TypeError, BufferError):
         return list_column(arrays, value_type)
-    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] > _MAX_LIST_VALUES:
-        raise SinkError(
-            f"one batch holds {offsets[-1]} {value_type} values, more than a list column's int32 "
-            "offsets allow: lower batch_size"
-        )
+    offsets = _offsets(arrays, value_type)
     values = pa.Array.from_buffers(value_type, int(offsets[-1]), [None, pa.py_buffer(data)])
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
