@@ -53,11 +53,8 @@ class TokenArrays:
 
 
 def _unpack_int32(record: Mapping[str, Any], field: str) -> npt.NDArray[np.int32]:
-    data = record[field]
-    if len(data) % 4 == 0:
-        return np.frombuffer(data, dtype=INT32)  # unpack_int32 without its call: per record
     try:
-        return unpack_int32(data)
+        return unpack_int32(record[field])
     except DecodeError as exc:
         raise PackedBufferError(f"{field}: {exc}") from exc
 
@@ -205,9 +202,8 @@ def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
     if values:
         _check_token_ids(prompt, "prompt_tokens")
         _check_token_ids(response, "response_tokens")
-    packed = record["response_logprobs"]
     try:
-        logprobs = np.frombuffer(packed, dtype=FLOAT32) if len(packed) % 4 == 0 else unpack_float32(packed)
+        logprobs = unpack_float32(record["response_logprobs"])
     except DecodeError as exc:
         raise PackedBufferError(f"response_logprobs: {exc}") from exc
     if len(logprobs) != len(response):

@@ -275,7 +275,7 @@ def _execution_processes(sandbox: Sandbox, timeout_s: float) -> dict[int, dict[s
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pids = [pid for c in sandbox.execution_cgroups() for pid in PidsCgroup.existing(c).pids()]
+        pids = [pid for c in sandbox.execution_cgroups() for pid in PidsCgroup(c).pids()]
         seen = {}
         for pid in pids:
             with contextlib.suppress(OSError):
@@ -326,7 +326,7 @@ def test_executions_at_once_run_as_different_host_ids(sandbox):
         deadline = time.monotonic() + 10
         while len(uids) < 2 and time.monotonic() < deadline:
             for cgroup in sandbox.execution_cgroups():
-                for pid in PidsCgroup.existing(cgroup).pids():
+                for pid in PidsCgroup(cgroup).pids():
                     with contextlib.suppress(OSError):
                         if (
                             Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]

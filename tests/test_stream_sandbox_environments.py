@@ -180,7 +180,7 @@ def test_a_launcher_that_dies_fails_its_runs_as_host_errors_and_is_started_again
         runner.start()
         deadline = time.monotonic() + 30
         # bwrap, the sandbox's PID 1 and the code: the execution is under way
-        while sum(len(PidsCgroup.existing(c).pids()) for c in sandbox.execution_cgroups()) < 3:
+        while sum(len(PidsCgroup(c).pids()) for c in sandbox.execution_cgroups()) < 3:
             assert time.monotonic() < deadline, "the execution never started"
             time.sleep(0.05)
         os.kill(first, signal.SIGKILL)

@@ -143,7 +143,6 @@ class RowSpans:
     """
 
     chunk_of: npt.NDArray[np.int64]
-    row_of: npt.NDArray[np.int64]
     prompt_from: npt.NDArray[np.int64]
     prompt_keep: npt.NDArray[np.int64]
     response_from: npt.NDArray[np.int64]
@@ -166,7 +165,6 @@ class RowSpans:
         )
         return cls(
             chunk_of=rows.chunk[positions],
-            row_of=rows.row[positions],
             prompt_from=rows.prompt_start[positions] + prompt_length - prompt_keep,
             prompt_keep=prompt_keep,
             response_from=rows.response_start[positions],

@@ -33,7 +33,6 @@ class RowIndex:
     """
 
     chunk: npt.NDArray[np.int64]
-    row: npt.NDArray[np.int64]
     seq: npt.NDArray[np.int64]
     policy_version: npt.NDArray[np.int64]
     length: npt.NDArray[np.int64]
@@ -54,7 +53,7 @@ class RowIndex:
         i64 = np.zeros(0, dtype=np.int64)
         f32 = np.zeros(0, dtype=np.float32)
         ids = np.zeros(0, dtype=object)
-        return cls(i64, i64, i64, i64, i64, i64, f32, f32, i64, i64, i64, i64, i64, ids, i64, i64)
+        return cls(i64, i64, i64, i64, i64, f32, f32, i64, i64, i64, i64, i64, ids, i64, i64)
 
     @classmethod
     def of_chunk(
@@ -74,7 +73,6 @@ class RowIndex:
         prompt, response, logprobs = chunk.prompt.offsets, chunk.response.offsets, chunk.logprobs.offsets
         return cls(
             chunk=np.full(count, position, dtype=np.int64),
-            row=np.arange(count, dtype=np.int64),
             seq=np.arange(first_seq, first_seq + count, dtype=np.int64),
             policy_version=chunk.policy_version,
             length=chunk.lengths,

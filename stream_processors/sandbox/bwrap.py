@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stream_processors.sandbox.exceptions import SandboxUnavailableError
-from stream_processors.sandbox.launcher_process import MAX_FILES
 from stream_processors.sandbox.limits import Limits
 
 TASK_DIR = "/task"
@@ -107,8 +106,6 @@ def bwrap_argv(
     /task is a directory of the sandbox's own root; bwrap copies the n-th of `task_files` into it,
     mode 0444, from descriptor FIRST_FILE_FD + n; the root, /task with it, is then remounted read-only.
     """
-    if len(task_files) > MAX_FILES:
-        raise ValueError(f"{len(task_files)} task files; an execution takes at most {MAX_FILES}")
     argv = [
         binary,
         "--unshare-all",

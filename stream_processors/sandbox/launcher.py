@@ -19,35 +19,30 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stream_processors.sandbox import launcher_process
-from stream_processors.sandbox.launcher_process import FDS, MAX_FILES, MAX_MESSAGE, SPARE_PREFIX, SPARES
+from stream_processors.sandbox.launcher_process import MAX_MESSAGE, SPARE_PREFIX
 from stream_processors.sandbox.pids import PidsCgroup
 
 if TYPE_CHECKING:
     from stream_processors.sandbox.limits import Limits
     from stream_processors.sandbox.privileges import Staging
 
-__all__ = ["FDS", "MAX_FILES", "SPARES", "SPARE_PREFIX", "Launcher", "Request", "receive", "remove_spares"]
+__all__ = ["SPARE_PREFIX", "Launcher", "Request", "receive", "remove_spares"]
 
 
+@dataclass(frozen=True, slots=True)
 class Request:
     """One execution's start: bwrap's argv, its cgroup's name, limits, host id and staging."""
 
-    __slots__ = ("argv", "cgroup_name", "limits", "staging", "uid")
-
-    def __init__(
-        self, argv: list[str], cgroup_name: str, limits: Limits, uid: int | None, staging: Staging | None
-    ) -> None:
-        self.argv, self.cgroup_name, self.limits, self.uid, self.staging = (
-            argv,
-            cgroup_name,
-            limits,
-            uid,
-            staging,
-        )
+    argv: list[str]
+    cgroup_name: str
+    limits: Limits
+    uid: int | None
+    staging: Staging | None
 
     def encode(self) -> bytes:
         """The request as the launcher process reads it (plain values, marshalled)."""
@@ -61,7 +56,7 @@ def remove_spares(cgroups: Path, launcher_pid: int) -> None:
     """Empty and remove the spares' cgroups the launcher `launcher_pid` left (it was killed)."""
     for path in cgroups.glob(f"{SPARE_PREFIX}{launcher_pid}-*"):
         with contextlib.suppress(OSError):
-            PidsCgroup.existing(path).destroy(timeout_s=1.0)
+            PidsCgroup(path).destroy(timeout_s=1.0)
 
 
 class Launcher:

@@ -11,12 +11,10 @@ nothing behind.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import time
 from pathlib import Path
 
 from stream_processors.sandbox.exceptions import SandboxUnavailableError
+from stream_processors.sandbox.launcher_process import destroy_cgroup, read_small
 
 _V1 = Path("/sys/fs/cgroup/pids")
 _V2_CANDIDATES = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
@@ -76,22 +74,10 @@ class PidsCgroup:
         self.path = path
         self._dir = str(path)
 
-    @classmethod
-    def existing(cls, path: Path) -> PidsCgroup:
-        """Adopt an existing cgroup (an execution's, or one a dead worker left)."""
-        return cls(path)
-
-    def _read(self, name: str) -> bytes:
-        fd = os.open(f"{self._dir}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
-
     def limit_hits(self) -> int:
         """How often a fork was refused by pids.max."""
         with contextlib.suppress(OSError, ValueError):
-            for line in self._read("pids.events").splitlines():
+            for line in read_small(f"{self._dir}/pids.events").splitlines():
                 key, _, value = line.partition(b" ")
                 if key == b"max":
                     return int(value)
@@ -100,26 +86,10 @@ class PidsCgroup:
     def pids(self) -> list[int]:
         """The processes still in the cgroup."""
         try:
-            return [int(p) for p in self._read("cgroup.procs").split()]
+            return [int(p) for p in read_small(f"{self._dir}/cgroup.procs").split()]
         except OSError:
             return []
 
     def destroy(self, timeout_s: float = 5.0) -> None:
-        """SIGKILL whatever is left, wait for it to go, remove the cgroup.
-
-        An ended sandbox's PID 1 stays in the cgroup until whoever inherited it reaps it, so the
-        removal is retried after 0.5 ms, then twice as long each time up to 5 ms.
-        """
-        deadline = time.monotonic() + timeout_s
-        pause = 0.0005
-        while True:
-            with contextlib.suppress(OSError):
-                os.rmdir(self._dir)
-                return
-            if time.monotonic() > deadline:
-                os.rmdir(self._dir)  # raises what keeps it
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(pause)
-            pause = min(0.005, pause * 2)
+        """SIGKILL whatever is left, wait for it to go, remove the cgroup (`destroy_cgroup`)."""
+        destroy_cgroup(self._dir, timeout_s)

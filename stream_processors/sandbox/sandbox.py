@@ -32,7 +32,6 @@ import psutil
 
 from stream_processors.sandbox.bwrap import (
     ENV_DIR,
-    MAX_FILES,
     SYSTEM_DIRS,
     TASK_DIR,
     bwrap_argv,
@@ -42,6 +41,7 @@ from stream_processors.sandbox.bwrap import (
 from stream_processors.sandbox.environments import Environment
 from stream_processors.sandbox.exceptions import SandboxHostError, SandboxUnavailableError
 from stream_processors.sandbox.launcher import SPARE_PREFIX, Launcher, Request, receive
+from stream_processors.sandbox.launcher_process import MAX_FILES, read_small
 from stream_processors.sandbox.limits import Limits
 from stream_processors.sandbox.pids import PidsCgroup, pids_root
 from stream_processors.sandbox.privileges import AS_ROOT_VARIABLE, HostIds, Paths, Staging, host_id
@@ -111,20 +111,11 @@ class Execution:
         return self.outcome == "exited" and self.exit_code == 0
 
 
-def _read(path: str) -> bytes:
-    """A small /proc or cgroup file's bytes (one read of 64 KiB; no buffered file object)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 1 << 16)
-    finally:
-        os.close(fd)
-
-
 def _proc_counter(path: str, key: bytes) -> int | None:
     """The number after `key` in a /proc file of ``name value`` lines (one read, no line split:
     each execution reads two of them, and splitting /proc/vmstat cost 0.7 ms)."""
     try:
-        text = b"\n" + _read(path)
+        text = b"\n" + read_small(path)
         at = text.index(b"\n" + key) + len(key) + 1
         return int(text[at : text.index(b"\n", at)].split()[0])
     except (OSError, ValueError, IndexError):
@@ -167,7 +158,7 @@ class _Usage:
         total_rss = 0
         for pid in pids:
             try:
-                fields = _read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
+                fields = read_small(f"/proc/{pid}/stat").rpartition(b")")[2].split()
             except OSError:
                 continue
             if len(fields) < 22:
@@ -455,7 +446,7 @@ class Sandbox:
         finally:
             os.close(status_write)
             os.close(start_read)
-        cgroup = PidsCgroup.existing(self.cgroups / run_id)  # the launcher's child is in it
+        cgroup = PidsCgroup(self.cgroups / run_id)  # the launcher's child is in it
         try:
             return self._watch(
                 child, cgroup, limits, _Pipes(status_read, start_write), start, oom_before, stdin, environment
@@ -510,7 +501,7 @@ class Sandbox:
 
     def spare_pids(self) -> set[int]:
         """The launcher's waiting children (launcher_process.py), each alone in a cgroup of its own."""
-        return {pid for c in self.cgroups.glob(f"{SPARE_PREFIX}*") for pid in PidsCgroup.existing(c).pids()}
+        return {pid for c in self.cgroups.glob(f"{SPARE_PREFIX}*") for pid in PidsCgroup(c).pids()}
 
     def close(self) -> None:
         """End the launcher process and its spares (started again on the next run)."""
@@ -688,7 +679,7 @@ def _remove_stale(cgroups: Path, work_root: Path) -> None:
         for run in worker.iterdir():
             if run.is_dir():
                 with contextlib.suppress(OSError):
-                    PidsCgroup.existing(run).destroy(timeout_s=1.0)
+                    PidsCgroup(run).destroy(timeout_s=1.0)
         with contextlib.suppress(OSError):
             worker.rmdir()
     for task_dir in work_root.iterdir():
