@@ -86,7 +86,7 @@ def host_fixture(sandbox, monkeypatch):
     assert listener.hits == 0, "the sandbox reached a listener on 127.0.0.1"
     new = _marked() - before
     assert not new, f"files appeared outside the sandbox dir: {new}"
-    assert list(sandbox.work_root.iterdir()) == [], "an execution's task directory was left behind"
+    assert list(sandbox.work_root.iterdir()) == [], "an execution left something in the sandbox's work root"
     assert sandbox.execution_cgroups() == [], "a pids cgroup was left"
     # the launchers' waiting children (each alone in a cgroup of its own) are replaced as they are used
     left = {p.pid for p in psutil.Process().children(recursive=True)} - children_before - sandbox.spare_pids()

@@ -3,8 +3,7 @@
 It is started as a script (``python -I -S launcher_process.py <control fd> <cgroups dir>``) and
 imports only built-in and small standard modules, none of the project's packages: every execution
 forks it, and a fork copies its page tables and then, page by page, what either side writes. Its
-size is what each start pays (4 MB of private memory, against 8 MB when it imported the sandbox's
-modules and their dataclasses).
+size is what each start pays: about 5 MB of private memory (docs/sandbox.md, The launcher).
 
 It keeps SPARES children forked ahead, each already alone in a fresh pids cgroup of its own
 (``spare-<launcher pid>-<n>`` beside the executions' cgroups) and waiting for one request. An
