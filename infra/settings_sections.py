@@ -27,7 +27,14 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.defaults import DEFAULT_SEED, LearnerDefaults, ReplayDefaults, RolloutDefaults, StreamDefaults
+from schemas.defaults import (
+    DEFAULT_SEED,
+    LearnerDefaults,
+    ReplayDefaults,
+    RolloutDefaults,
+    StreamDefaults,
+    TopicDefaults,
+)
 
 MANAGED_KAFKA_KEYS = frozenset(
     {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "isolation.level"}
@@ -151,10 +158,10 @@ class KafkaSettings(Section):
         json_schema_extra=no_flag(),
     )
     raw_topic: Topic = Field(
-        default="rollouts.raw", description="Topic of ordinary trajectories, keyed by group_id."
+        default=TopicDefaults.raw, description="Topic of ordinary trajectories, keyed by group_id."
     )
-    ultra_topic: Topic = Field(default="rollouts.ultra", description="Topic of ultra-long trajectories.")
-    dlq_topic: Topic = Field(default="rollouts.dlq", description="Dead-letter topic.")
+    ultra_topic: Topic = Field(default=TopicDefaults.ultra, description="Topic of ultra-long trajectories.")
+    dlq_topic: Topic = Field(default=TopicDefaults.dlq, description="Dead-letter topic.")
 
     @field_validator("bootstrap_servers")
     @classmethod

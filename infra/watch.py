@@ -25,8 +25,9 @@ from rich.table import Table
 from infra.metrics_endpoints import Scraped, scrape_all
 from infra.processes import ProcessStatus
 from infra.topics import admin_client
+from schemas.defaults import StreamDefaults
 
-DEFAULT_GROUP = "rollstream-processor"
+DEFAULT_GROUP = StreamDefaults.app_id
 LAKE_TABLES = ("trajectories", "dead_letters", "executions", "rescores")
 TIMEOUT_S = 5.0
 
@@ -37,6 +38,8 @@ class Snapshot:
 
     taken_at: float
     broker: ProcessStatus
+    group: str = DEFAULT_GROUP
+    """The consumer group whose lag `lag` holds."""
     lag: dict[tuple[str, int], tuple[int, int | None]] = field(default_factory=dict)
     """(topic, partition) -> (end offset, the group's committed offset or None)."""
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -149,7 +152,7 @@ def take_snapshot(
 
     `state_dir` holds the metrics endpoints' registrations; None leaves them out.
     """
-    snapshot = Snapshot(time.monotonic(), broker)
+    snapshot = Snapshot(time.monotonic(), broker, group)
     errors = []
     if broker.running:
         try:
@@ -179,7 +182,7 @@ def render(now: Snapshot, before: Snapshot | None = None) -> Group:
     state = "[green]up[/green]" if now.broker.running else "[red]down[/red]"
     services.add_row("kafka broker", state, str(now.broker.pid or "-"), now.broker.url)
 
-    lag = Table(title="consumer lag (rollstream-processor group)")
+    lag = Table(title=f"consumer lag ({now.group} group)")
     for column in ("topic", "partition", "end offset", "committed", "lag"):
         lag.add_column(column, justify="right")
     for (topic, partition), (end, committed) in sorted(now.lag.items()):

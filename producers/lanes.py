@@ -11,15 +11,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
+from schemas.defaults import TopicDefaults
+
 MIB = 1024 * 1024
-ULTRA_TOPIC = "rollouts.ultra"
+ULTRA_TOPIC = TopicDefaults.ultra
 # Per-message limits of the default topics (infra/topics.toml); a topic not named here gets the
 # default. Pass `message_limits=` to the publisher for topics declared under other names.
 DEFAULT_MESSAGE_LIMIT = 4 * MIB
 TOPIC_MESSAGE_LIMITS: Mapping[str, int] = {
-    "rollouts.raw": 4 * MIB,
+    TopicDefaults.raw: 4 * MIB,
     ULTRA_TOPIC: 64 * MIB,
-    "rollouts.dlq": 64 * MIB,
+    TopicDefaults.dlq: 64 * MIB,
 }
 # Room for the record batch and record framing around key and value.
 FRAMING_BYTES = 512

@@ -24,6 +24,7 @@ import numpy as np
 from producers.exceptions import FleetConfigError, ProducerError, PublishError
 from producers.lanes import Lane
 from producers.malformed import malformed_messages
+from schemas.defaults import TopicDefaults
 
 REPORT_EVERY = 200
 DIGEST_MASK = (1 << 64) - 1
@@ -60,8 +61,8 @@ class LoadSpec:
     """
 
     bootstrap_servers: str
-    topic: str = "rollouts.raw"
-    ultra_topic: str = "rollouts.ultra"
+    topic: str = TopicDefaults.raw
+    ultra_topic: str = TopicDefaults.ultra
     trajectories: int = 10_000
     workers: int = 4
     rate: float | None = None

@@ -2,7 +2,7 @@
 
 The stages' options (`stream_processors.WorkerOptions` and the parts it configures,
 `consumers.ReplayConfig`, `consumers.LearnerOptions`, `producers.RolloutOptions` and `TaskQueue`) and the sections of `infra/settings_sections.py`
-both read them here, where every room may import them: a library call without settings and a
+both read them here (and `TopicDefaults` the topic names every room uses), where every room may import them: a library call without settings and a
 command with default settings do the same thing. A default of None (off, or derived from another
 option) belongs to the option's type and is not repeated here.
 """
@@ -15,6 +15,18 @@ DEFAULT_VOCAB_SIZE: Final = 32_768
 """The tokenizer's vocabulary: token ids lie in [0, vocab_size)."""
 DEFAULT_SEED: Final = 0
 """Seeds the learner's initial weights and the replay buffer's draws (one setting feeds both)."""
+
+
+class TopicDefaults:
+    """The rollout topics: `[kafka]` settings, `WorkerOptions`, the publisher's lanes and limits,
+    the fleet generator and the dead letters (infra/topics.toml declares them)."""
+
+    raw: Final = "rollouts.raw"
+    """Ordinary trajectories, keyed by group_id."""
+    ultra: Final = "rollouts.ultra"
+    """Ultra-long trajectories."""
+    dlq: Final = "rollouts.dlq"
+    """Dead letters."""
 
 
 class StreamDefaults:

@@ -35,6 +35,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError
 
+from schemas.defaults import StreamDefaults, TopicDefaults
 from schemas.tables import DEAD_LETTERS_SCHEMA
 from stream_processors.exceptions import SinkError
 from stream_processors.offsets import Coordinates, TxnTable
@@ -157,8 +158,8 @@ class DeadLetters:
         table_uri: Path | str,
         *,
         bootstrap_servers: str | None = None,
-        topic: str = "rollouts.dlq",
-        app_id: str = "rollstream-processor",
+        topic: str = TopicDefaults.dlq,
+        app_id: str = StreamDefaults.app_id,
         storage_options: Mapping[str, str] | None = None,
         producer_config: Mapping[str, Any] | None = None,
         flush_timeout_s: float = 30.0,

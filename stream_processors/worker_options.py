@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from schemas.defaults import StreamDefaults
+from schemas.defaults import StreamDefaults, TopicDefaults
 from schemas.profile import WorkloadProfile
 from stream_processors.advantages import GroupNormalization
 from stream_processors.verifiers import DomainVerifiers, VerifierRegistry
@@ -78,9 +78,9 @@ class WorkerOptions:
 
     bootstrap_servers: str
     lake_dir: Path | str
-    raw_topic: str = "rollouts.raw"
-    ultra_topic: str | None = "rollouts.ultra"
-    dlq_topic: str = "rollouts.dlq"
+    raw_topic: str = TopicDefaults.raw
+    ultra_topic: str | None = TopicDefaults.ultra
+    dlq_topic: str = TopicDefaults.dlq
     app_id: str = StreamDefaults.app_id
     group_id: str | None = None
     batch_size: int = StreamDefaults.batch_size

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from infra.cli.common import Common, UsageError, command, progress
+from schemas.defaults import StreamDefaults
 
 app = typer.Typer()
 
@@ -75,7 +76,7 @@ def status(
     ] = None,
     group: Annotated[
         str, typer.Option("--group", help="the processor's consumer group, for lag")
-    ] = "rollstream-processor",
+    ] = StreamDefaults.app_id,
 ) -> int:
     from infra import services
 
