@@ -164,7 +164,9 @@ def destroy_cgroup(path: str, timeout_s: float = 1.0) -> None:
     """SIGKILL whatever is left in the cgroup at `path`, wait for it to go, remove the cgroup.
 
     An ended sandbox's PID 1 stays in the cgroup until whoever inherited it reaps it, so the
-    removal is retried after 0.5 ms, then twice as long each time up to 5 ms.
+    removal is retried after 0.5 ms, then twice as long each time up to 5 ms. Each pid is
+    signalled through a pidfd opened before its membership is checked again (`_kill_member`), so a
+    pid that was reaped and reused by a process outside the cgroup is never signalled.
 
     Raises:
         OSError: the cgroup was still there after `timeout_s`.
@@ -177,15 +179,37 @@ def destroy_cgroup(path: str, timeout_s: float = 1.0) -> None:
             return
         if time.monotonic() > deadline:
             os.rmdir(path)  # raises what keeps it
-        try:
-            pids = [int(p) for p in read_small(f"{path}/cgroup.procs").split()]
-        except OSError:
-            pids = []
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        for pid in _members(path):
+            _kill_member(path, pid)
         time.sleep(pause)
         pause = min(0.005, pause * 2)
+
+
+def _members(path: str) -> list[int]:
+    """The pids in the cgroup at `path` (none once it is gone)."""
+    try:
+        return [int(p) for p in read_small(f"{path}/cgroup.procs").split()]
+    except OSError:
+        return []
+
+
+def _kill_member(path: str, pid: int) -> None:
+    """SIGKILL `pid` if it is still a member of the cgroup at `path`.
+
+    The pidfd pins the process that had `pid` when it was opened; membership is checked after
+    that, so the signal reaches a process that was in the cgroup at the check, or nothing (a
+    process that ended since fails with ESRCH, and a reused pid outside the cgroup is skipped).
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # already reaped
+        return
+    try:
+        if pid in _members(path):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
 
 
 class _Spare:
