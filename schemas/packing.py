@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from schemas.exceptions import DecodeError
 
@@ -59,3 +60,19 @@ def unpack_mask(data: bytes) -> npt.NDArray[np.bool_]:
     if mask.size and mask.max() > 1:
         raise DecodeError("packed loss mask holds a byte other than 0 or 1 (schemas/WIRE_FORMAT.md)")
     return mask.astype(np.bool_)
+
+
+def concatenated(arrays: Sequence[npt.NDArray[np.generic]], dtype: np.dtype[np.generic]) -> pa.Buffer:
+    """The elements of `arrays`, cast to `dtype` (same kind), one after another in one buffer of
+    Arrow's default memory pool.
+
+    `b"".join` put a large result (tens of MB) in fresh pages from the kernel: one page fault per
+    4 KiB, measured at 5 to 6.5 us per row of 3 KB, with the GIL held. Arrow's pool keeps freed
+    memory for the next buffer (no fault once warm, also after a second idle).
+    """
+    total = sum(map(len, arrays))
+    if not total:
+        return pa.py_buffer(b"")
+    buffer = pa.allocate_buffer(total * dtype.itemsize)
+    np.concatenate(arrays, out=np.frombuffer(buffer, dtype))
+    return buffer

@@ -1,7 +1,7 @@
 """The trajectories Delta table: scored rows appended exactly once per Kafka offset.
 
-Token and logprob columns are built from the packed buffers by offsets (their bytes joined once
-per column, `packed_column`), never from per-token Python objects; the record's other fields are
+Token and logprob columns are built from the packed buffers by offsets (copied once per column,
+`packed_column`), never from per-token Python objects; the record's other fields are
 read in one pass per row (`_record_columns`).
 """
 
@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import ColumnProperties, WriterProperties
 
+from schemas.packing import concatenated
 from schemas.profile import load_profile
 from schemas.tables import TIMESTAMP, TRAJECTORIES_SCHEMA, VERSION_SPAN
 from stream_processors.exceptions import SinkError
@@ -110,19 +111,32 @@ def map_column(maps: Sequence[Mapping[str, object]], value_type: pa.DataType) ->
     )
 
 
+POOLED_BYTES = 16 * 2**20
+"""From this size on, `packed_column` copies into Arrow's memory pool instead of joining bytes."""
+
+
 def packed_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.DataType) -> pa.ListArray:
     """`list_column` of arrays already in `value_type`'s little-endian layout (the packed token
-    buffers as `validate` views them): their bytes joined once, with no per-row numpy call.
-    Other arrays take `list_column`."""
+    buffers as `validate` views them), copied once, with no per-row numpy call. Other arrays take
+    `list_column`.
+
+    A column of POOLED_BYTES or more (a commit's tens of MB) is copied into a buffer of Arrow's
+    memory pool (`schemas.packing.concatenated`), which reuses the memory of earlier commits; the
+    same bytes joined with `b"".join` landed in fresh pages, one page fault per 4 KiB with the GIL
+    held. A smaller one is joined, which costs less per row where the heap is reused anyway.
+    """
     dtype = np.dtype(value_type.to_pandas_dtype())
-    try:
-        if arrays and set(map(_DTYPE, arrays)) != {dtype}:
-            raise TypeError("not in the column's layout")
-        data = b"".join(arrays)  # type: ignore[arg-type]  # numpy arrays are bytes-like
-    except (TypeError, BufferError):
+    if arrays and set(map(_DTYPE, arrays)) != {dtype}:
         return list_column(arrays, value_type)
     offsets = _offsets(arrays, value_type)
-    values = pa.Array.from_buffers(value_type, int(offsets[-1]), [None, pa.py_buffer(data)])
+    if int(offsets[-1]) * dtype.itemsize >= POOLED_BYTES:
+        data = concatenated(arrays, dtype)
+    else:
+        try:
+            data = pa.py_buffer(b"".join(arrays))  # type: ignore[arg-type]  # numpy arrays are bytes-like
+        except (TypeError, BufferError):  # not contiguous
+            return list_column(arrays, value_type)
+    values = pa.Array.from_buffers(value_type, int(offsets[-1]), [None, data])
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
 

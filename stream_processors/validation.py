@@ -196,16 +196,23 @@ def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
         raise GroupIndexError(f"group_size={group_size} must be >= 1")
     if not 0 <= sample_index < group_size:
         raise GroupIndexError(f"sample_index={sample_index} is outside [0, group_size={group_size})")
-    _check_attempt(record)
-    prompt = _unpack_int32(record, "prompt_tokens")
-    response = _unpack_int32(record, "response_tokens")
-    if values:
-        _check_token_ids(prompt, "prompt_tokens")
-        _check_token_ids(response, "response_tokens")
-    try:
-        logprobs = unpack_float32(record["response_logprobs"])
-    except DecodeError as exc:
-        raise PackedBufferError(f"response_logprobs: {exc}") from exc
+    if record.get("task_id") is not None or record.get("attempt", 0):
+        _check_attempt(record)
+    packed = record["prompt_tokens"], record["response_tokens"], record["response_logprobs"]
+    if values or any(len(b) % 4 for b in packed):  # the checks in order, each with its error
+        prompt = _unpack_int32(record, "prompt_tokens")
+        response = _unpack_int32(record, "response_tokens")
+        if values:
+            _check_token_ids(prompt, "prompt_tokens")
+            _check_token_ids(response, "response_tokens")
+        try:
+            logprobs = unpack_float32(record["response_logprobs"])
+        except DecodeError as exc:
+            raise PackedBufferError(f"response_logprobs: {exc}") from exc
+    else:  # every buffer a whole number of elements: views without a per-field call
+        prompt = np.frombuffer(packed[0], INT32)
+        response = np.frombuffer(packed[1], INT32)
+        logprobs = np.frombuffer(packed[2], FLOAT32)
     if len(logprobs) != len(response):
         raise LengthMismatchError(
             f"len(response_logprobs)={len(logprobs)} != len(response_tokens)={len(response)}: "
@@ -219,7 +226,9 @@ def validate(record: Mapping[str, Any], *, values: bool = True) -> TokenArrays:
             f"({int((~finite).sum())} of {len(logprobs)} are not): logprobs must be real numbers"
         )
     mask = _check_loss_mask(record, len(response), values=values)
-    _check_version_spans(record.get("version_spans"), len(response))
+    spans = record.get("version_spans")
+    if spans is not None:
+        _check_version_spans(spans, len(response))
     reward = record.get("precomputed_reward")
     if reward is not None and not math.isfinite(reward):
         raise NonFiniteValueError(f"precomputed_reward={reward!r} is not finite: send a real number or null")
