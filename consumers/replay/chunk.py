@@ -160,7 +160,11 @@ def read_chunk(
 
 
 def _read_columns(
-    path: str, columns: tuple[str, ...], storage_options: Mapping[str, str] | None, *, use_threads: bool = True
+    path: str,
+    columns: tuple[str, ...],
+    storage_options: Mapping[str, str] | None,
+    *,
+    use_threads: bool = True,
 ) -> pa.Table:
     """`columns` of one Parquet file as an Arrow table with the trajectories table's types.
 
