@@ -52,9 +52,9 @@ included) ours delivers at 9 to 15 ns a token, the baselines at 11 to 18. So wit
 free ours' window is about 115 + 45 ms against TorchRL's 187 + 60, a ratio near 1.5; with the
 cores shared it is not. Reading on the pool cut ours' load from 198 to 131 ms of wall and 188
 to 170 ms of CPU (medians of 24 runs alternated with the code before it, load average 5.2
-falling to 2.8). Full runs of this bench at 6d7ea65 (3 runs of 3 rounds each, load average 2.7
-to 3.8): ratio medians 0.49, 0.95 and 1.13 (rounds from 0.48 to 1.55); CPU per token 44.0,
-47.5, 31.1 ns ours against 55.1, 53.1, 38.2 TorchRL and 42.2, 42.2, 34.9 DataLoader.
+falling to 2.8). Full runs of this bench, 11 at 6d7ea65 alternated with 11 of the code before
+(3 rounds each, load average 2.7 to 7.0): ratio median 1.06 (runs 0.49 to 1.38) against 1.05
+(0.70 to 1.68); CPU per token 44.0 ns ours against 55.0 TorchRL (42.1 against 53.1 before).
 docs/replay.md has what was tried and the floor.
 
     python bench/replay.py [--rows 4000] [--max-length 4096] [--token-budget 65536] [--rounds 3] [--json]
