@@ -12,8 +12,9 @@ by weight without replacement, sorted by length, cut greedily so that no batch w
   once every row is in (`min_size`), as the baselines' first batch waits for their load: from
   the first files read it would deliver the same tokens out of two of the eight versions (mean
   lag 6.8 against 1.1 here), a different workload. `<side>_mean_lag` and `<side>_distinct_rows`
-  in the JSON show every side did the same one. Each file is read by Arrow's Parquet reader into
-  flat offsets and values; a batch copies each kept row piece once, straight from them.
+  in the JSON show every side did the same one. Files are read by Arrow's Parquet reader on a
+  pool of two threads (one file per thread, up to two versions ahead) into flat offsets and
+  values; a batch copies each kept row piece once, straight from them.
 - torchrl: TorchRL 0.14.1 `ReplayBuffer` over a ragged `ListStorage` (one item per row: views into
   three flat tensors, so no per-row copy), `LengthGroupedSampler` (below, on TorchRL's `Sampler`
   API) and `pad_collate`. Made fast: the table's files read by Arrow's Parquet reader
@@ -38,17 +39,23 @@ token by token with the rows as loaded from the table; any difference stops the 
 The old baseline (fixed-width `LazyTensorStorage` padded to max_length, random batches of
 `--batch-rows`) runs once beside, to show how much faster the new one is.
 
-Where the time goes (4,000 rows, 5.44M tokens, 7 rounds at 37b2a19, load average 1.2): ours
-34.9 ns of CPU per token (load 0.13 s, delivery 12.8 ns/token), TorchRL 40.4 (0.15 s, 12.9),
-DataLoader 40.1 (0.14 s, 14.7); ratio 1.19 (1.04 to 1.36), short of 1.5. Decoding the three
-token columns from Parquet alone costs about 60 ms of CPU, and writing the padded batches (int64
-ids, float32 logprobs, two masks: 14 bytes a slot) is the same for every side, so once the
-baselines read with Arrow and copy by slices the margin left is mostly ours skipping their align
-copy at load; ours' delivery also checks staleness again, finds rows through the RowIndex and
-carries more per row (rewards, keys, versions, buckets, domains, task types). docs/replay.md has
-the before/after table and what is left to try. The full run at 1b4e9c1 (load average 1.6) gave
-0.963 (0.77 to 1.19): CPU per token 45.9 ns ours, 45.6 TorchRL, 49.1 DataLoader, about two
-thirds of it the table read every side does.
+Where the time goes (4,000 rows, 5.44M trainable tokens; scratch scripts at 6d7ea65, 9 to 24
+alternated runs, load average 3 to 7, minimum / median): decoding just the three token columns
+costs 58 / 73 ms of CPU whoever does it (prompt ids about 10 ns a value, response ids and
+logprobs about 17), and 47 ms of wall on two threads. Ours' whole load (12 columns, the row
+index) takes 106 / 188 ms of CPU and 115 / 310 ms of wall; the baselines' `load_rows` 134 / 232
+ms of CPU and 187 / 338 of wall. Ours' delivery, main thread, is about 8 ns a token (120 us a
+batch of 15.6k tokens): 45 us copying (about 3 ns a token, reads and writes near the memory
+bandwidth this VM gives), 18 us allocating the zeroed arrays, the rest the per-batch
+bookkeeping; in this bench's figure (process CPU after the first batch, its own bookkeeping
+included) ours delivers at 9 to 15 ns a token, the baselines at 11 to 18. So with both cores
+free ours' window is about 115 + 45 ms against TorchRL's 187 + 60, a ratio near 1.5; with the
+cores shared it is not. Reading on the pool cut ours' load from 198 to 131 ms of wall and 188
+to 170 ms of CPU (medians of 24 runs alternated with the code before it, load average 5.2
+falling to 2.8). Full runs of this bench, 11 at 6d7ea65 alternated with 11 of the code before
+(3 rounds each, load average 2.7 to 7.0): ratio median 1.06 (runs 0.49 to 1.38) against 1.05
+(0.70 to 1.68); CPU per token 44.0 ns ours against 55.0 TorchRL (42.1 against 53.1 before).
+docs/replay.md has what was tried and the floor.
 
     python bench/replay.py [--rows 4000] [--max-length 4096] [--token-budget 65536] [--rounds 3] [--json]
 """

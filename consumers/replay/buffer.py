@@ -1,7 +1,9 @@
 """`ReplayBuffer`: a bounded, tailing replay buffer over the trajectories Delta table.
 
 A background thread follows the table's log and reads only the files each new version added
-(one file ahead of the rate limiter: the prefetch), into a `ChunkStorage` of bounded size.
+into a `ChunkStorage` of bounded size. Files are read by a small thread pool (Arrow's Parquet
+decoding runs without the GIL), up to `READ_AHEAD_VERSIONS` versions ahead of the rate limiter:
+the prefetch.
 `sample()` draws a pool of rows with the sampler stack, plans token-budget batches over it,
 and hands them out one per call, checking the staleness limit again at delivery time. The
 whole position (versions read, files held, sampler and limiter state) is `state_dict()`.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -37,6 +40,10 @@ from consumers.replay.storage import ChunkStorage
 from consumers.table import _normalize, _start_engines
 
 BUFFER_STATE_VERSION = 1
+READ_THREADS = 2
+"""Files read at once by the reader's pool."""
+READ_AHEAD_VERSIONS = 2
+"""Versions whose files are being read or held, not yet inserted (the version inserted next included)."""
 
 
 class ReplayBuffer:
@@ -83,6 +90,7 @@ class ReplayBuffer:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self.first_version_read: int | None = None
         self.dropped_rows = {"stale": 0, "evicted": 0}
 
@@ -91,6 +99,7 @@ class ReplayBuffer:
     def start(self) -> ReplayBuffer:
         """Start the reader thread (once)."""
         if self._thread is None:
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="replay-read")
             self._thread = threading.Thread(target=self._read_loop, name="replay-reader", daemon=True)
             self._thread.start()
         return self
@@ -102,6 +111,8 @@ class ReplayBuffer:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=60)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> ReplayBuffer:
         return self.start()
@@ -112,6 +123,7 @@ class ReplayBuffer:
     # -- reading ---------------------------------------------------------------------------
 
     def _read_loop(self) -> None:
+        ahead: deque[tuple[int, list[tuple[DataFile, Future[Chunk]]]]] = deque()
         try:
             while not self._stop.is_set():
                 if self.end_version is not None and self.read_to >= self.end_version:
@@ -125,24 +137,37 @@ class ReplayBuffer:
                 if self.read_to >= target:
                     self._stop.wait(self.config.poll_interval_s)
                     continue
-                self._read_version(self.read_to + 1)
+                following = ahead[-1][0] + 1 if ahead else self.read_to + 1
+                while following <= target and len(ahead) < READ_AHEAD_VERSIONS:
+                    ahead.append((following, self._submit(following)))
+                    following += 1
+                version, reads = ahead.popleft()
+                self._insert_version(version, [(file, future.result()) for file, future in reads])
         except BaseException as exc:  # surfaced to the sampling caller
             self._error = exc
         finally:
+            for _, reads in ahead:
+                for _, future in reads:
+                    future.cancel()
             with self._cond:
                 self._finished = True
                 self._cond.notify_all()
 
-    def _read_version(self, version: int) -> None:
+    def _submit(self, version: int) -> list[tuple[DataFile, Future[Chunk]]]:
+        """Start reading this reader's files of `version` on the pool, in the log's order."""
+        assert self._pool is not None
         files = [
             f
             for f in self.log.added_files(version)
             if f.shard(self.config.num_shards) == self.config.shard and f.path not in self.partial
         ]
+        return [(file, self._pool.submit(self._read, file)) for file in files]
+
+    def _insert_version(self, version: int, chunks: list[tuple[DataFile, Chunk]]) -> None:
+        """Insert a version's chunks, in order, as the rate limiter allows; then mark it read."""
         # Every file of the version is read before any is inserted, and they are inserted under one
         # hold of the lock unless the limiter makes the reader wait: a version's files are often one
         # per bucket, and a sampler that saw only some of them would draw a mix the version lacks.
-        chunks = [(file, self._read(file)) for file in files]  # ahead of the limiter: the prefetch
         with self._cond:
             for file, chunk in chunks:
                 while not self._stop.is_set() and not (self._starved or self.limiter.can_insert(len(chunk))):
@@ -166,6 +191,7 @@ class ReplayBuffer:
             statuses=self.config.statuses,
             vocab_size=self.config.vocab_size,
             storage_options=self.config.storage_options,
+            use_threads=self._pool is None,  # the pool reads files side by side; load_state_dict does not
         )
 
     def _insert(self, chunk: Chunk, *, first_seq: int | None = None) -> None:
