@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from time import perf_counter
 from typing import Any
 
@@ -190,7 +190,7 @@ class BatchReport(BatchFuture):
         key = msg.key()
         size = len(msg) + (len(key) if key else 0)
         if err is None:
-            last = self.core.release(size, delivered=True, batch=self)
+            last = self.core.delivered_in(self, size)
         else:
             error = self.core.batch_error(msg, err)
             self._failed(error)  # before the count: the last report sees every failure
@@ -304,12 +304,29 @@ class PublisherCore:
         try:
             value = self.codec.encode(record)
         except EncodeError as exc:
-            tid = str(record.get("trajectory_id", "?"))
-            raise InvalidTrajectoryError(
-                f"{exc}; it was not sent", trajectory_id=tid, field="schema"
-            ) from exc
+            raise self._unencodable(record, exc) from exc
         out = Outgoing(self.topic, message_key(record), value, str(record["trajectory_id"]))
         return out if out.size <= self._fits else self.route(out)
+
+    def prepare_many(self, records: Sequence[Mapping[str, Any]]) -> list[Outgoing]:
+        """`prepare` each of `records` (one loop, its lookups made once); raises at the first
+        record that fails, having sent nothing."""
+        check, encode, fits, topic = self.validator.check, self.codec.encode, self._fits, self.topic
+        outs: list[Outgoing] = []
+        append = outs.append
+        for record in records:
+            check(record)
+            try:
+                value = encode(record)
+            except EncodeError as exc:
+                raise self._unencodable(record, exc) from exc
+            out = Outgoing(topic, message_key(record), value, str(record["trajectory_id"]))
+            append(out if out.size <= fits else self.route(out))
+        return outs
+
+    def _unencodable(self, record: Mapping[str, Any], exc: EncodeError) -> InvalidTrajectoryError:
+        tid = str(record.get("trajectory_id", "?"))
+        return InvalidTrajectoryError(f"{exc}; it was not sent", trajectory_id=tid, field="schema")
 
     def route(self, out: Outgoing) -> Outgoing:
         """Send `out` to the ultra topic when it is too large for the main one, or refuse it."""
@@ -456,6 +473,27 @@ class PublisherCore:
                 wakers, self._wakers = self._wakers, []
         if delivered and self._warned:
             self._warned.clear()  # each kind of client error is logged again after a success
+        for wake in wakers or ():
+            wake()
+        return last
+
+    def delivered_in(self, batch: BatchReport, size: int) -> bool:
+        """`release` for one of `batch`'s messages that was delivered (the common report, kept
+        short); True when it was the batch's last."""
+        with self._lock:
+            self._bytes -= size
+            self._count -= 1
+            self.published += 1
+            batch.reported += 1
+            last = batch.reported == batch.expected
+            if self._sleepers:
+                self._room.notify_all()
+            if not self._wakers:
+                wakers = None
+            else:
+                wakers, self._wakers = self._wakers, []
+        if self._warned:
+            self._warned.clear()
         for wake in wakers or ():
             wake()
         return last

@@ -157,8 +157,7 @@ class Publisher(BasePublisher):
                 ones before it were queued, and `flush` reports what becomes of them.
         """
         core = self.core
-        prepare = core.prepare
-        outs = [prepare(record) for record in records]
+        outs = core.prepare_many(records)
         chosen = core.lane if lane is None else Lane(lane)
         client = core.client(chosen)
         batch = BatchReport(core, chosen, len(outs))
