@@ -5,8 +5,10 @@ Three sides send to fresh 4-partition topics on one broker with the same produce
 4 MiB, buffer.memory our byte budget), each clocked from its first send to its last
 acknowledgement (start-up, producer creation and reading the input excluded on every side):
 
-- ours: `Publisher.publish` per trajectory, each validated, Avro-encoded, keyed by group and
-  tracked by a future, from the records in memory.
+- ours: `Publisher.publish_many` per group of 8 trajectories (a group's samples; `--group 1`:
+  `Publisher.publish` per trajectory), each validated, Avro-encoded, keyed by group and
+  acknowledged through its batch's future (every future checked after the flush), from the
+  records in memory.
 - java: bench/java/PublishFile.java (compiled at run time with javac, kafka-clients 4.1.1 of the
   interop jars), a minimal `KafkaProducer<byte[], byte[]>`: the same records, encoded by our codec
   beforehand and written to a length-prefixed file, read into memory before its clock starts, then
@@ -26,7 +28,7 @@ machine the sending thread's CPU per record is what bounds each side's rate.
 
 Starts its own broker on free loopback ports unless ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS names one.
 
-    python bench/publish.py [--json] [--mb 100] [--rounds 3] [--sizes 1024,8192,262144]
+    python bench/publish.py [--json] [--mb 100] [--rounds 3] [--sizes 1024,8192,262144] [--group 8]
 """
 
 from __future__ import annotations
