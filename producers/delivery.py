@@ -59,8 +59,8 @@ class BatchResult(NamedTuple):
     """The broker's answer for every message of one `Publisher.publish_many` call (immutable).
 
     Attributes:
-        topic: where the messages went (the main topic; one routed to the ultra topic is
-            counted there too).
+        topic: the publisher's topic (a message of the batch routed to the ultra topic is
+            counted in `delivered` all the same).
         lane: the lane they travelled in.
         delivered: how many the broker acknowledged: all of them when this is a future's result.
         latency_s: seconds from queueing the first to the last delivery report.
