@@ -205,3 +205,14 @@ def test_a_batch_waits_for_room_in_librdkafkas_own_queue(bootstrap_servers, make
         batch = publisher.publish_many(records)
     assert batch.result(0).delivered == 40 and publisher.published == 40
     assert len(consume(bootstrap_servers, topic, 40)) == 40
+
+
+def test_a_batch_travels_in_the_lane_asked_for(bootstrap_servers, make_topic):
+    topic = make_topic("producers-many-lane")
+    records = list(SyntheticFleet(11).trajectories(16))
+    with Publisher(bootstrap_servers=bootstrap_servers, topic=topic) as publisher:
+        latency = publisher.publish_many(records[:8], lane=Lane.LATENCY).result(30)
+        default = publisher.publish_many(records[8:]).result(30)
+    assert (latency.lane, latency.delivered) == (Lane.LATENCY, 8)
+    assert (default.lane, default.delivered) == (Lane.THROUGHPUT, 8)
+    assert len(consume(bootstrap_servers, topic, 16)) == 16
