@@ -8,10 +8,12 @@ queueing to the delivery report; the sync and asyncio publishers wait for room i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import InvalidStateError
 from time import perf_counter
 from typing import Any
 
@@ -215,22 +217,24 @@ class BatchReport(BatchFuture):
             self.finish()
 
     def finish(self) -> None:
-        """Settle the batch (once every report has arrived)."""
-        if self.failures:
-            ids = [e.message_ids[0] for e in self.failures]
-            first = self.failures[0].first_reason
-            self.set_exception(
-                PublishError(
-                    f"{len(ids)} message(s) of a batch to topic {self.topic!r} failed delivery: "
-                    f"{ids_preview(ids)}; first: {first}. They are not in Kafka: re-send them",
-                    topic=self.topic,
-                    failed=len(ids),
-                    first_reason=first,
-                    message_ids=ids,
+        """Settle the batch (once every report has arrived), unless its caller cancelled it."""
+        with contextlib.suppress(InvalidStateError):  # cancelled: nobody wants the result
+            if self.failures:
+                ids = [e.message_ids[0] for e in self.failures]
+                first = self.failures[0].first_reason
+                self.set_exception(
+                    PublishError(
+                        f"{len(ids)} message(s) of a batch to topic {self.topic!r} failed delivery: "
+                        f"{ids_preview(ids)}; first: {first}. They are not in Kafka: re-send them",
+                        topic=self.topic,
+                        failed=len(ids),
+                        first_reason=first,
+                        message_ids=ids,
+                    )
                 )
-            )
-        else:
-            self.set_result(BatchResult(self.topic, self.lane, self.reported, perf_counter() - self.started))
+            else:
+                result = BatchResult(self.topic, self.lane, self.reported, perf_counter() - self.started)
+                self.set_result(result)
 
 
 class PublisherCore:

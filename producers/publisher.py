@@ -41,6 +41,23 @@ class _Pending(Report, DeliveryFuture):
             self.on_delivery(result)
 
 
+def unsent_rest(
+    exc: BackpressureError, batch: BatchReport, outs: list[Outgoing], index: int
+) -> BackpressureError:
+    """`exc` for the batch message `outs[index]`, widened to name it and every one after it (none
+    of them sent); `batch` then expects reports only from those before it."""
+    batch.unsent(len(outs) - index)
+    unsent = [o.message_id for o in outs[index:]]
+    return BackpressureError(
+        f"{exc} ({len(unsent)} trajectories of this batch were not sent, from this one on; the "
+        f"{index} before it were queued and flush() reports their results)",
+        topic=exc.topic,
+        failed=len(unsent),
+        first_reason=exc.first_reason,
+        message_ids=unsent,
+    )
+
+
 class BasePublisher:
     """What the sync and asyncio publishers share: the core, its settings and its counters.
 
@@ -176,16 +193,7 @@ class Publisher(BasePublisher):
             try:
                 self._send_late(out, client, batch, deadline, wait)
             except BackpressureError as exc:
-                batch.unsent(len(outs) - index)
-                unsent = [o.message_id for o in outs[index:]]
-                raise BackpressureError(
-                    f"{exc} ({len(unsent)} trajectories of this batch were not sent, from this one "
-                    f"on; the {index} before it were queued and flush() reports their results)",
-                    topic=exc.topic,
-                    failed=len(unsent),
-                    first_reason=exc.first_reason,
-                    message_ids=unsent,
-                ) from None
+                raise unsent_rest(exc, batch, outs, index) from None
         return batch
 
     def _send_late(

@@ -1,8 +1,10 @@
-"""Publisher.publish_many against the real broker: one future per batch, every message still
-acknowledged or named when it fails, nothing sent from a batch with an invalid record."""
+"""publish_many (Publisher's and AsyncPublisher's) against the real broker: one future per batch,
+every message still acknowledged or named when it fails, nothing sent from a batch with an
+invalid record."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
 import uuid
@@ -14,6 +16,7 @@ from confluent_kafka.admin import NewTopic
 from test_producers_publish import consume
 
 from producers import (
+    AsyncPublisher,
     BackpressureError,
     InvalidTrajectoryError,
     Lane,
@@ -216,3 +219,46 @@ def test_a_batch_travels_in_the_lane_asked_for(bootstrap_servers, make_topic):
     assert (latency.lane, latency.delivered) == (Lane.LATENCY, 8)
     assert (default.lane, default.delivered) == (Lane.THROUGHPUT, 8)
     assert len(consume(bootstrap_servers, topic, 16)) == 16
+
+
+def test_the_async_publisher_publishes_batches_and_names_the_unsent_rest(
+    bootstrap_servers, make_topic, admin
+):
+    topic = make_topic("producers-many-async", partitions=4)
+    records = list(SyntheticFleet(13).trajectories(64))
+    broken = dict(records[0], sample_index=99)
+
+    async def publish_all() -> list[BatchResult]:
+        async with AsyncPublisher(bootstrap_servers=bootstrap_servers, topic=topic) as publisher:
+            with pytest.raises(InvalidTrajectoryError):
+                await publisher.publish_many([broken, *records[1:8]])
+            assert publisher.pending == 0
+            futures = [await publisher.publish_many(group) for group in groups_of(records)]
+            return list(await asyncio.gather(*futures))
+
+    results = asyncio.run(publish_all())
+    assert sum(r.delivered for r in results) == 64
+    codec = TrajectoryCodec()
+    landed = [codec.decode(m.value())["trajectory_id"] for m in consume(bootstrap_servers, topic, 64)]
+    assert sorted(landed) == sorted(r["trajectory_id"] for r in records)
+
+    later = f"producers-many-async-later-{uuid.uuid4().hex[:10]}"  # does not exist yet: no acks
+    budget = sum(len(codec.encode(r)) + len(r["group_id"]) for r in records[:5])
+
+    async def overflow() -> AsyncPublisher:
+        publisher = AsyncPublisher(
+            bootstrap_servers=bootstrap_servers, topic=later, max_in_flight_bytes=budget, block_timeout_s=1.0
+        )
+        with pytest.raises(BackpressureError) as caught:
+            await publisher.publish_many(records[:8])
+        assert caught.value.message_ids == tuple(r["trajectory_id"] for r in records[5:8])
+        assert publisher.pending == 5
+        return publisher
+
+    publisher = asyncio.run(overflow())
+    admin.create_topics([NewTopic(later, 1, 1)])[later].result(timeout=30)
+    try:
+        publisher.core.close(30)
+        assert publisher.published == 5
+    finally:
+        admin.delete_topics([later])[later].result(timeout=30)
