@@ -5,8 +5,10 @@ Three sides send to fresh 4-partition topics on one broker with the same produce
 4 MiB, buffer.memory our byte budget), each clocked from its first send to its last
 acknowledgement (start-up, producer creation and reading the input excluded on every side):
 
-- ours: `Publisher.publish` per trajectory, each validated, Avro-encoded, keyed by group and
-  tracked by a future, from the records in memory.
+- ours: `Publisher.publish_many` per group of 8 trajectories (a group's samples; `--group 1`:
+  `Publisher.publish` per trajectory), each validated, Avro-encoded, keyed by group and
+  acknowledged through its batch's future (every future checked after the flush), from the
+  records in memory.
 - java: bench/java/PublishFile.java (compiled at run time with javac, kafka-clients 4.1.1 of the
   interop jars), a minimal `KafkaProducer<byte[], byte[]>`: the same records, encoded by our codec
   beforehand and written to a length-prefixed file, read into memory before its clock starts, then
@@ -26,7 +28,7 @@ machine the sending thread's CPU per record is what bounds each side's rate.
 
 Starts its own broker on free loopback ports unless ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS names one.
 
-    python bench/publish.py [--json] [--mb 100] [--rounds 3] [--sizes 1024,8192,262144]
+    python bench/publish.py [--json] [--mb 100] [--rounds 3] [--sizes 1024,8192,262144] [--group 8]
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from infra.install import interop_classpath
 from infra.kafka_jars import ensure_jars
 from infra.settings import Settings
 from infra.topics import admin_client
-from producers import DeliveryResult, Lane, Publisher, SyntheticFleet
+from producers import Lane, Publisher, SyntheticFleet
 from producers.core import DEFAULT_BUDGET_BYTES
 from producers.lanes import lane_config
 from schemas import TrajectoryCodec, TrajectoryRecord
@@ -66,6 +68,7 @@ PP_MAIN = "org.apache.kafka.tools.ProducerPerformance"
 PP_LINE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency")
 TOPIC_LIMIT = 4 * 1024 * 1024
 JAVA_SOURCE = Path(__file__).resolve().parent / "java" / "PublishFile.java"
+GROUP = 8  # records per publish_many call: a group's samples (records_of_size makes groups of 8)
 
 
 def _free_port() -> int:
@@ -218,21 +221,27 @@ def java_producer(
     return Sample(items=total_bytes, seconds=figures["seconds"], cpu_s=cpu_seconds() - cpu0, extra=extra)
 
 
-def ours(servers: str, topic: str, records: list[TrajectoryRecord], value_bytes: float) -> Sample:
-    """Publish `records` with our Publisher; timed from the first publish to the last acknowledgement."""
-    latencies: list[float] = []
-    keep = latencies.append
-
-    def on_delivery(result: DeliveryResult) -> None:
-        keep(result.latency_s)
-
+def ours(
+    servers: str, topic: str, records: list[TrajectoryRecord], value_bytes: float, group: int = GROUP
+) -> Sample:
+    """Publish `records` with our Publisher, `group` at a time with `publish_many` (one at a time
+    with `publish` when `group` is 1); timed from the first publish to the last acknowledgement.
+    Every result is checked after the flush."""
     with Publisher(bootstrap_servers=servers, topic=topic) as publisher:
         cpu0, thread0, start = cpu_seconds(), time.thread_time(), time.perf_counter()
-        for record in records:
-            publisher.publish(record, on_delivery=on_delivery)
+        if group == 1:
+            publish = publisher.publish
+            singles = [publish(record) for record in records]
+        else:
+            publish_many = publisher.publish_many
+            batches = [publish_many(records[i : i + group]) for i in range(0, len(records), group)]
         publisher.flush(300)
         elapsed = time.perf_counter() - start
         cpu, thread = cpu_seconds() - cpu0, time.thread_time() - thread0
+    if group == 1:
+        latencies = [f.result(0).latency_s for f in singles]
+    else:
+        latencies = [f.result(0).latency_s for f in batches]  # each batch's last acknowledgement
     if publisher.published != len(records):
         raise SystemExit(f"ours: {publisher.published} of {len(records)} acknowledged")
     return Sample(
@@ -260,12 +269,13 @@ def side_runs(
     message_bytes: float,
     java: tuple[str, Path, Path],
     jars: Path,
+    group: int = GROUP,
 ) -> list[tuple[str, Any]]:
     """The three contenders at one size, each on a fresh topic per round."""
     classpath, classes, payload = java
     count = len(records)
     return [
-        ("ours", lambda i: ours(servers, topic(f"ours-{size}"), records, message_bytes)),
+        ("ours", lambda i: ours(servers, topic(f"ours-{size}"), records, message_bytes, group)),
         (
             "java",
             lambda i: java_producer(
@@ -288,6 +298,12 @@ def main() -> None:
         "--mb", type=float, default=100.0, help="megabytes sent per size, per side, per round"
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--group",
+        type=int,
+        default=GROUP,
+        help="records per Publisher.publish_many call (1: Publisher.publish per record)",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
     load_before = load_average()
@@ -329,6 +345,7 @@ def main() -> None:
                     value_bytes + key_bytes,
                     (classpath, classes, payload),
                     jars,
+                    args.group,
                 )
                 say = lambda m, size=size: print(f"[bench] {size} B {m}", file=sys.stderr)  # noqa: E731
                 samples = alternate(sides[0], sides[1:], args.rounds, say)
@@ -375,6 +392,7 @@ def main() -> None:
         "ratio_min": figures[key]["ratio_min"],
         "ratio_max": figures[key]["ratio_max"],
         "rounds": args.rounds,
+        "ours_records_per_call": args.group,
         "ratio_size_bytes": figures[key]["record_bytes"],
         **{f"ratio_{size}": f["ratio"] for size, f in figures.items()},
         "sizes": figures,

@@ -1,4 +1,5 @@
-"""The asyncio publisher: awaits budget instead of blocking, resolves an asyncio future per message.
+"""The asyncio publisher: awaits budget instead of blocking, resolves an asyncio future per message
+(or per batch: `publish_many`).
 
 It wraps the same core as `Publisher` rather than confluent-kafka's AIOProducer, which refuses
 headers (HAZARDS.md) and would give the two publishers different delivery semantics. Nothing
@@ -13,14 +14,15 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from producers.core import Report
-from producers.delivery import DeliveryCallback, DeliveryResult, Outgoing
+from producers.core import BatchReport, Report
+from producers.delivery import BatchResult, DeliveryCallback, DeliveryResult, Outgoing
+from producers.exceptions import BackpressureError
 from producers.lanes import Lane
-from producers.publisher import BUFFER_RETRY_S, BasePublisher
+from producers.publisher import BUFFER_RETRY_S, BasePublisher, unsent_rest
 
 OFFLOAD_BYTES = 1024 * 1024
 # A caller publishing in a tight loop never waits when the budget has room: yield to the loop at
@@ -87,6 +89,27 @@ class _Handoff(Report):
             self.on_delivery(result)
 
 
+def _on_loop(batch: BatchReport, loop: asyncio.AbstractEventLoop) -> asyncio.Future[BatchResult]:
+    """An asyncio future of `loop` settled as `batch` is (from a delivery thread, one loop wake-up)."""
+    future: asyncio.Future[BatchResult] = loop.create_future()
+
+    def settle() -> None:
+        if future.cancelled():
+            return
+        error = batch.exception(0)
+        if error is None:
+            future.set_result(batch.result(0))
+        else:
+            future.set_exception(error)
+
+    def hand_over(_: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed: nobody awaits any more
+            loop.call_soon_threadsafe(settle)
+
+    batch.add_done_callback(hand_over)
+    return future
+
+
 def _waker(loop: asyncio.AbstractEventLoop, room: asyncio.Event) -> Callable[[], None]:
     def wake() -> None:
         with contextlib.suppress(RuntimeError):  # the loop already closed: nobody waits any more
@@ -123,6 +146,48 @@ class AsyncPublisher(BasePublisher):
         else:
             out = self.core.prepare(record)
         return await self._send(out, lane, on_delivery, timeout)
+
+    async def publish_many(
+        self,
+        records: Sequence[Mapping[str, Any]],
+        *,
+        lane: Lane | str | None = None,
+        timeout: float | None = None,
+    ) -> asyncio.Future[BatchResult]:
+        """`Publisher.publish_many` for coroutines: returns once every record is queued (awaiting
+        budget as `publish` does), with one future for the batch's `BatchResult`."""
+        core = self.core
+        loop = asyncio.get_running_loop()
+        if sum(len(r.get(f) or b"") for r in records for f in _PACKED) > OFFLOAD_BYTES:
+            outs = await loop.run_in_executor(None, core.prepare_many, records)
+        else:
+            outs = core.prepare_many(records)
+        chosen = core.lane if lane is None else Lane(lane)
+        client = core.client(chosen)
+        batch = BatchReport(core, chosen, len(outs))
+        future = _on_loop(batch, loop)
+        if not outs:
+            batch.finish()
+            return future
+        wait = self.block_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        for index in range(core.send_many(client, outs, batch), len(outs)):
+            out = outs[index]
+            try:
+                while True:
+                    await self._reserve(out, deadline, wait)
+                    if core.send_in(client, out, batch):
+                        break
+                    # librdkafka's own queue is full (its message count): give deliveries a moment.
+                    if time.monotonic() >= deadline:
+                        raise core.backpressure(out, wait)
+                    await asyncio.sleep(BUFFER_RETRY_S)
+            except BackpressureError as exc:
+                raise unsent_rest(exc, batch, outs, index) from None
+        if time.monotonic() - self._yielded > YIELD_EVERY_S:
+            await asyncio.sleep(0)
+            self._yielded = time.monotonic()
+        return future
 
     async def publish_raw(
         self,

@@ -8,16 +8,18 @@ queueing to the delivery report; the sync and asyncio publishers wait for room i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import InvalidStateError
 from time import perf_counter
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from producers.delivery import DeliveryResult, Outgoing
+from producers.delivery import BatchFuture, BatchResult, DeliveryResult, Outgoing
 from producers.exceptions import (
     BackpressureError,
     DeliveryError,
@@ -46,6 +48,7 @@ DEFAULT_BUDGET_BYTES = 128 * MIB
 IDLE_POLL_S = 0.005
 # Messages a publishing caller queues between two polls of its own for delivery reports.
 INLINE_POLL_EVERY = 16
+_FAILING = threading.Lock()
 
 
 def message_key(record: Mapping[str, Any]) -> bytes:
@@ -74,11 +77,11 @@ class _LaneClient:
         self._thread = threading.Thread(target=self._serve, name=f"rollstream-{lane}-deliveries", daemon=True)
         self._thread.start()
 
-    def poll_inline(self) -> None:
-        """Count one message queued; every `INLINE_POLL_EVERY` of them, serve the reports that have
-        arrived, on the caller's thread, without waiting."""
+    def poll_inline(self, queued: int = 1) -> None:
+        """Count `queued` messages queued; every `INLINE_POLL_EVERY` of them, serve the reports
+        that have arrived, on the caller's thread, without waiting."""
         if self.inline:
-            self._unpolled += 1
+            self._unpolled += queued
             if self._unpolled < INLINE_POLL_EVERY:
                 return
             self._unpolled = 0
@@ -163,6 +166,77 @@ class Report:
             core.release(self.size, (self.message_id, result.error.first_reason))
 
 
+class BatchReport(BatchFuture):
+    """The delivery reports of one `publish_many` call, and its future: one object for all of its
+    messages.
+
+    librdkafka calls it once per message with (error, message); it returns that message's budget
+    (its key and value, as librdkafka hands them back) and counts it, and the report that
+    completes the batch settles it: a `BatchResult`, or a `PublishError` naming every message of
+    the batch that failed. Where `publish` keeps one object per message in flight (its `Report`),
+    a batch keeps this one, and a delivered message costs a count under the budget's lock. A
+    failed message's id is read back from its value (the trajectory id the codec wrote), on that
+    path only.
+    """
+
+    __slots__ = ("core", "expected", "failures", "lane", "reported", "started", "topic")
+
+    def __init__(self, core: PublisherCore, lane: Lane, expected: int) -> None:
+        self.core, self.lane, self.topic = core, lane, core.topic
+        self.expected = expected
+        self.reported = 0
+        self.failures: list[DeliveryError] | None = None
+        self.started = perf_counter()
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        key = msg.key()
+        size = len(msg) + (len(key) if key else 0)
+        if err is None:
+            last = self.core.delivered_in(self, size)
+        else:
+            error = self.core.batch_error(msg, err)
+            self._failed(error)  # before the count: the last report sees every failure
+            last = self.core.release(size, (error.message_ids[0], error.first_reason), batch=self)
+        if last:
+            self.finish()
+
+    def _failed(self, error: DeliveryError) -> None:
+        with _FAILING:  # reports are served on two threads
+            if self.failures is None:
+                self.failures = []
+            self.failures.append(error)
+
+    def refused(self, error: DeliveryError) -> None:
+        """Count a message librdkafka refused to queue (it gets no report) as failed."""
+        self._failed(error)
+        self.unsent(1)
+
+    def unsent(self, count: int) -> None:
+        """Expect `count` fewer reports (messages not queued); settles the batch if none are left."""
+        if self.core.expect_fewer(self, count):
+            self.finish()
+
+    def finish(self) -> None:
+        """Settle the batch (once every report has arrived), unless its caller cancelled it."""
+        with contextlib.suppress(InvalidStateError):  # cancelled: nobody wants the result
+            if self.failures:
+                ids = [e.message_ids[0] for e in self.failures]
+                first = self.failures[0].first_reason
+                self.set_exception(
+                    PublishError(
+                        f"{len(ids)} message(s) of a batch to topic {self.topic!r} failed delivery: "
+                        f"{ids_preview(ids)}; first: {first}. They are not in Kafka: re-send them",
+                        topic=self.topic,
+                        failed=len(ids),
+                        first_reason=first,
+                        message_ids=ids,
+                    )
+                )
+            else:
+                result = BatchResult(self.topic, self.lane, self.reported, perf_counter() - self.started)
+                self.set_result(result)
+
+
 class PublisherCore:
     """Validation, encoding, routing, the byte budget and per-message results for one topic.
 
@@ -234,12 +308,29 @@ class PublisherCore:
         try:
             value = self.codec.encode(record)
         except EncodeError as exc:
-            tid = str(record.get("trajectory_id", "?"))
-            raise InvalidTrajectoryError(
-                f"{exc}; it was not sent", trajectory_id=tid, field="schema"
-            ) from exc
+            raise self._unencodable(record, exc) from exc
         out = Outgoing(self.topic, message_key(record), value, str(record["trajectory_id"]))
         return out if out.size <= self._fits else self.route(out)
+
+    def prepare_many(self, records: Sequence[Mapping[str, Any]]) -> list[Outgoing]:
+        """`prepare` each of `records` (one loop, its lookups made once); raises at the first
+        record that fails, having sent nothing."""
+        check, encode, fits, topic = self.validator.check, self.codec.encode, self._fits, self.topic
+        outs: list[Outgoing] = []
+        append = outs.append
+        for record in records:
+            check(record)
+            try:
+                value = encode(record)
+            except EncodeError as exc:
+                raise self._unencodable(record, exc) from exc
+            out = Outgoing(topic, message_key(record), value, str(record["trajectory_id"]))
+            append(out if out.size <= fits else self.route(out))
+        return outs
+
+    def _unencodable(self, record: Mapping[str, Any], exc: EncodeError) -> InvalidTrajectoryError:
+        tid = str(record.get("trajectory_id", "?"))
+        return InvalidTrajectoryError(f"{exc}; it was not sent", trajectory_id=tid, field="schema")
 
     def route(self, out: Outgoing) -> Outgoing:
         """Send `out` to the ultra topic when it is too large for the main one, or refuse it."""
@@ -293,6 +384,30 @@ class PublisherCore:
                 return True
         return False
 
+    def reserve_all_now(self, size: int, count: int) -> bool:
+        """Take budget for `count` messages of `size` bytes in all if the publisher is open and
+        they all fit now (one lock for a batch)."""
+        with self._lock:
+            if not self.closed and self._bytes + size <= self.max_in_flight_bytes:
+                self._bytes += size
+                self._count += count
+                return True
+        return False
+
+    def release_all(self, size: int, count: int) -> None:
+        """Return budget taken for `count` messages that were not queued after all."""
+        with self._lock:
+            self._bytes -= size
+            self._count -= count
+            if self._sleepers:
+                self._room.notify_all()
+            if not self._wakers:
+                wakers = None
+            else:
+                wakers, self._wakers = self._wakers, []
+        for wake in wakers or ():
+            wake()
+
     def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
         """Take budget for `out`, waiting up to `timeout` seconds; raises BackpressureError."""
         if self.reserve_now(out.size):
@@ -328,12 +443,21 @@ class PublisherCore:
             message_ids=(out.message_id,),
         )
 
-    def release(self, size: int, failure: tuple[str, str] | None = None, *, delivered: bool = False) -> None:
+    def release(
+        self,
+        size: int,
+        failure: tuple[str, str] | None = None,
+        *,
+        delivered: bool = False,
+        batch: BatchReport | None = None,
+    ) -> bool:
         """Return budget after a delivery report (or a refused produce) and wake the waiters.
 
         Counts the outcome under the same lock: reports are served on two threads (the caller's
-        and the delivery thread), and ``+=`` on an attribute is not atomic between them.
+        and the delivery thread), and ``+=`` on an attribute is not atomic between them. With
+        `batch`, counts the report there too; returns True when it was the batch's last.
         """
+        last = False
         with self._lock:
             self._bytes -= size
             self._count -= 1
@@ -342,6 +466,9 @@ class PublisherCore:
             elif failure is not None:
                 self.failed += 1
                 self._unreported.append(failure)
+            if batch is not None:
+                batch.reported += 1
+                last = batch.reported == batch.expected
             if self._sleepers:
                 self._room.notify_all()
             if not self._wakers:
@@ -352,6 +479,34 @@ class PublisherCore:
             self._warned.clear()  # each kind of client error is logged again after a success
         for wake in wakers or ():
             wake()
+        return last
+
+    def delivered_in(self, batch: BatchReport, size: int) -> bool:
+        """`release` for one of `batch`'s messages that was delivered (the common report, kept
+        short); True when it was the batch's last."""
+        with self._lock:
+            self._bytes -= size
+            self._count -= 1
+            self.published += 1
+            batch.reported += 1
+            last = batch.reported == batch.expected
+            if self._sleepers:
+                self._room.notify_all()
+            if not self._wakers:
+                wakers = None
+            else:
+                wakers, self._wakers = self._wakers, []
+        if self._warned:
+            self._warned.clear()
+        for wake in wakers or ():
+            wake()
+        return last
+
+    def expect_fewer(self, batch: BatchReport, count: int) -> bool:
+        """`count` of `batch`'s messages will get no report; True when none are left to come."""
+        with self._lock:
+            batch.expected -= count
+            return batch.reported == batch.expected
 
     def wait_idle(self, timeout: float) -> int:
         """Wait until nothing is in flight, up to `timeout` s; returns how many messages still are."""
@@ -414,6 +569,65 @@ class PublisherCore:
             error: KafkaError = exc.args[0]
             raise self._delivery_error(out, error) from exc
         client.poll_inline()
+
+    def send_many(self, client: _LaneClient, outs: list[Outgoing], batch: BatchReport) -> int:
+        """Queue as many of `outs` as have room, from the first, as `batch`'s messages; returns
+        how many were queued (or refused: see `send_in`).
+
+        When the budget has room for all of them, takes it under one lock and queues them all
+        unless librdkafka's own queue fills first (the rest's budget is then returned);
+        otherwise queues none: the caller takes budget message by message.
+        """
+        total = 0
+        for out in outs:
+            total += out.size
+        if not self.reserve_all_now(total, len(outs)):
+            return 0
+        produce = client.producer.produce
+        for index, out in enumerate(outs):
+            try:
+                produce(out.topic, out.value, out.key, -1, batch)  # -1: partitioner picks
+            except BufferError:
+                self.release_all(total, len(outs) - index)
+                client.poll_inline(index)
+                return index
+            except KafkaException as exc:
+                error = self._delivery_error(out, exc.args[0])
+                self.release(out.size, (out.message_id, error.first_reason))
+                batch.refused(error)
+            total -= out.size
+        client.poll_inline(len(outs))
+        return len(outs)
+
+    def send_in(self, client: _LaneClient, out: Outgoing, batch: BatchReport) -> bool:
+        """Queue `out` (its budget already taken) as one of `batch`'s messages.
+
+        Returns False when librdkafka's own queue is full (the budget was returned: wait and
+        retry). A message librdkafka refuses outright is counted failed in the batch, and in
+        what `flush` raises.
+        """
+        try:
+            client.producer.produce(out.topic, out.value, out.key, -1, batch)  # -1: partitioner picks
+        except BufferError:
+            self.release(out.size)
+            return False
+        except KafkaException as exc:
+            error = self._delivery_error(out, exc.args[0])
+            self.release(out.size, (out.message_id, error.first_reason))
+            batch.refused(error)
+            return True
+        client.poll_inline()
+        return True
+
+    def batch_error(self, msg: Message, err: KafkaError) -> DeliveryError:
+        """The error of a batch's message that librdkafka failed with `err`, naming it by the
+        trajectory id read back from its value."""
+        value, key = msg.value() or b"", msg.key()
+        try:
+            message_id = str(self.codec.decode(value)["trajectory_id"])
+        except Exception:
+            message_id = "(a message whose value does not decode)"
+        return self._delivery_error(Outgoing(msg.topic() or self.topic, key, value, message_id), err)
 
     def failed_result(self, report: Report, err: KafkaError, latency: float) -> DeliveryResult:
         """The result of `report`'s message that librdkafka failed with `err`."""

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING, _Waiter
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from producers.exceptions import DeliveryError
 from producers.lanes import Lane
@@ -55,10 +55,28 @@ class DeliveryResult(NamedTuple):
         return self.error is None
 
 
+class BatchResult(NamedTuple):
+    """The broker's answer for every message of one `Publisher.publish_many` call (immutable).
+
+    Attributes:
+        topic: the publisher's topic (a message of the batch routed to the ultra topic is
+            counted in `delivered` all the same).
+        lane: the lane they travelled in.
+        delivered: how many the broker acknowledged: all of them when this is a future's result.
+        latency_s: seconds from queueing the first to the last delivery report.
+    """
+
+    topic: str
+    lane: Lane
+    delivered: int
+    latency_s: float
+
+
 _MAKING = threading.Lock()
+_T = TypeVar("_T")
 
 
-class DeliveryFuture(Future[DeliveryResult]):
+class LazyFuture(Future[_T]):
     """A `concurrent.futures.Future` whose condition and lists are made only when something waits.
 
     Future() makes a Condition (with its lock and bound methods) and two lists at once: 11
@@ -78,7 +96,7 @@ class DeliveryFuture(Future[DeliveryResult]):
     _result = None
     _exception = None
     _waiting: list[_Waiter] | None = None
-    _callbacks: list[Callable[[Future[DeliveryResult]], object]] | None = None
+    _callbacks: list[Callable[[Future[_T]], object]] | None = None
 
     def __init__(self) -> None:
         pass
@@ -108,16 +126,16 @@ class DeliveryFuture(Future[DeliveryResult]):
         self._waiting = value
 
     @property
-    def _done_callbacks(self) -> list[Callable[[Future[DeliveryResult]], object]]:
+    def _done_callbacks(self) -> list[Callable[[Future[_T]], object]]:
         if self._callbacks is None:  # appended to holding the condition; read once finished
             self._callbacks = []
         return self._callbacks
 
     @_done_callbacks.setter
-    def _done_callbacks(self, value: list[Callable[[Future[DeliveryResult]], object]]) -> None:
+    def _done_callbacks(self, value: list[Callable[[Future[_T]], object]]) -> None:
         self._callbacks = value
 
-    def set_result(self, result: DeliveryResult) -> None:
+    def set_result(self, result: _T) -> None:
         if not self._settle_unwatched(result, None):
             super().set_result(result)
 
@@ -125,7 +143,7 @@ class DeliveryFuture(Future[DeliveryResult]):
         if not self._settle_unwatched(None, exception):
             super().set_exception(exception)
 
-    def _settle_unwatched(self, result: DeliveryResult | None, exception: BaseException | None) -> bool:
+    def _settle_unwatched(self, result: _T | None, exception: BaseException | None) -> bool:
         """Settle a pending future that has no condition yet; False leaves it to Future's own way.
 
         Whatever waits on a future or adds a callback to it takes its condition first, and the
@@ -139,6 +157,14 @@ class DeliveryFuture(Future[DeliveryResult]):
                 return False
             self._result, self._exception, self._state = result, exception, FINISHED
         return True
+
+
+class DeliveryFuture(LazyFuture[DeliveryResult]):
+    """The future of one message's `DeliveryResult` (`Publisher.publish`)."""
+
+
+class BatchFuture(LazyFuture[BatchResult]):
+    """The future of a batch's `BatchResult` (`Publisher.publish_many`)."""
 
 
 DeliveryCallback = Callable[[DeliveryResult], None]
