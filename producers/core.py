@@ -192,7 +192,7 @@ class BatchReport(BatchFuture):
         key = msg.key()
         size = len(msg) + (len(key) if key else 0)
         if err is None:
-            last = self.core.delivered_in(self, size)
+            last = self.core.release(size, delivered=True, batch=self)
         else:
             error = self.core.batch_error(msg, err)
             self._failed(error)  # before the count: the last report sees every failure
@@ -399,13 +399,8 @@ class PublisherCore:
         with self._lock:
             self._bytes -= size
             self._count -= count
-            if self._sleepers:
-                self._room.notify_all()
-            if not self._wakers:
-                wakers = None
-            else:
-                wakers, self._wakers = self._wakers, []
-        for wake in wakers or ():
+            wakers = self._room_freed()
+        for wake in wakers:
             wake()
 
     def reserve_blocking(self, out: Outgoing, timeout: float) -> None:
@@ -469,38 +464,22 @@ class PublisherCore:
             if batch is not None:
                 batch.reported += 1
                 last = batch.reported == batch.expected
-            if self._sleepers:
-                self._room.notify_all()
-            if not self._wakers:
-                wakers = None
-            else:
-                wakers, self._wakers = self._wakers, []
+            wakers = self._room_freed()
         if delivered and self._warned:
             self._warned.clear()  # each kind of client error is logged again after a success
-        for wake in wakers or ():
+        for wake in wakers:
             wake()
         return last
 
-    def delivered_in(self, batch: BatchReport, size: int) -> bool:
-        """`release` for one of `batch`'s messages that was delivered (the common report, kept
-        short); True when it was the batch's last."""
-        with self._lock:
-            self._bytes -= size
-            self._count -= 1
-            self.published += 1
-            batch.reported += 1
-            last = batch.reported == batch.expected
-            if self._sleepers:
-                self._room.notify_all()
-            if not self._wakers:
-                wakers = None
-            else:
-                wakers, self._wakers = self._wakers, []
-        if self._warned:
-            self._warned.clear()
-        for wake in wakers or ():
-            wake()
-        return last
+    def _room_freed(self) -> list[Callable[[], None]]:
+        """Under the lock, after budget came back: wake the blocked publishers and hand over the
+        asyncio wakers for the caller to call once the lock is released."""
+        if self._sleepers:
+            self._room.notify_all()
+        if not self._wakers:
+            return []
+        wakers, self._wakers = self._wakers, []
+        return wakers
 
     def expect_fewer(self, batch: BatchReport, count: int) -> bool:
         """`count` of `batch`'s messages will get no report; True when none are left to come."""
