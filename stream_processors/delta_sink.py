@@ -121,9 +121,9 @@ def packed_column(arrays: Sequence[npt.NDArray[np.generic]], value_type: pa.Data
     `list_column`.
 
     A column of POOLED_BYTES or more (a commit's tens of MB) is copied into a buffer of Arrow's
-    memory pool (`schemas.packing.concatenated`), which reuses the memory of earlier commits; the
-    same bytes joined with `b"".join` landed in fresh pages, one page fault per 4 KiB with the GIL
-    held. A smaller one is joined, which costs less per row where the heap is reused anyway.
+    memory pool (`schemas.packing.concatenated`), which reuses the memory of earlier commits
+    without page faults. A smaller one is joined with `b"".join`, which costs less per row where
+    the heap is reused anyway.
     """
     dtype = np.dtype(value_type.to_pandas_dtype())
     if arrays and set(map(_DTYPE, arrays)) != {dtype}:
