@@ -6,7 +6,9 @@ recorded with its error and the rest still run. The page holds one table (each f
 baseline, rounds, spread), the commit and the machine; the JSON holds every bench's full output.
 
 Benches that need a broker (process, scale, lanes) use ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or this
-script starts one on free loopback ports for the whole run (bench/local_broker.py). The default
+script starts one on free loopback ports for the whole run (bench/local_broker.py). `scale-3-brokers`
+runs scale.py on a 3-node cluster (replication 3, min.insync 2) that this script starts for it
+alone and stops after it. The default
 sizes are chosen so the whole run takes about 30 minutes on a 2-core machine; `--quick` is a
 check that every bench runs (about 10 minutes), `--args NAME="..."` replaces one bench's arguments.
 
@@ -39,7 +41,8 @@ REPO = HERE.parent
 class Bench:
     """A bench script, what its figure compares, and its arguments by default and in `--quick`.
 
-    `ours_key` names our side's figures in its JSON (`<ours_key>_per_s`)."""
+    `ours_key` names our side's figures in its JSON (`<ours_key>_per_s`); `script` is bench/<script>.py
+    (default: the name); `brokers` > 1 runs it on a cluster of its own."""
 
     name: str
     ours: str
@@ -49,6 +52,8 @@ class Bench:
     default: Sequence[str] = ()
     quick: Sequence[str] = ()
     timeout_s: float = 900.0
+    script: str = ""
+    brokers: int = 1
 
 
 BENCHES = (
@@ -89,6 +94,16 @@ BENCHES = (
         default=("--trajectories", "6000"),
         quick=("--trajectories", "3000", "--rounds", "1"),
     ),
+    Bench(
+        "scale-3-brokers",
+        "2 workers",
+        "1 worker",
+        "trajectories",
+        default=("--trajectories", "6000"),
+        quick=("--trajectories", "3000", "--rounds", "1"),
+        script="scale",
+        brokers=3,
+    ),
     Bench("lanes", "throughput lane", "latency lane", "MB", quick=("--flat-out", "3000", "--rounds", "2")),
     Bench(
         "score",
@@ -114,7 +129,7 @@ BENCHES = (
 
 def run_bench(bench: Bench, arguments: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
     """One bench's JSON, or {"error": ...} naming what went wrong; with its wall seconds."""
-    command = [sys.executable, str(HERE / f"{bench.name}.py"), "--json", *arguments]
+    command = [sys.executable, str(HERE / f"{bench.script or bench.name}.py"), "--json", *arguments]
     started = time.monotonic()
     try:
         done = subprocess.run(
@@ -132,6 +147,27 @@ def run_bench(bench: Bench, arguments: Sequence[str], env: Mapping[str, str]) ->
     except json.JSONDecodeError:
         return {"error": f"last line is not JSON: {lines[-1][:200]}", "wall_s": wall}
     return {**result, "wall_s": wall, "arguments": list(arguments)}
+
+
+def on_cluster(bench: Bench, arguments: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """`run_bench` on a cluster of `bench.brokers` nodes started for it (and stopped after)."""
+    started = time.monotonic()
+    try:
+        with broker(f"bench-{bench.name}-", brokers=bench.brokers) as cluster:
+            return run_bench(
+                bench,
+                arguments,
+                {
+                    **env,
+                    "ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
+                    "ROLLSTREAM_STATE_DIR": str(cluster.state_dir),
+                    "ROLLSTREAM_KAFKA__PORT": str(cluster.kafka_port),
+                    "ROLLSTREAM_KAFKA__CONTROLLER_PORT": str(cluster.controller_port),
+                    "ROLLSTREAM_KAFKA__BROKERS": str(bench.brokers),
+                },
+            )
+    except Exception as exc:  # a cluster that did not start is this bench's failure, not the run's
+        return {"error": f"cluster of {bench.brokers}: {exc}", "wall_s": round(time.monotonic() - started, 1)}
 
 
 def machine() -> dict[str, Any]:
@@ -270,7 +306,10 @@ def main() -> None:
         for bench in chosen:
             arguments = overrides.get(bench.name, list(bench.quick if args.quick else bench.default))
             print(f"[all] {bench.name} {' '.join(arguments)}", file=sys.stderr, flush=True)
-            results[bench.name] = run_bench(bench, arguments, env)
+            if bench.brokers == 1:
+                results[bench.name] = run_bench(bench, arguments, env)
+            else:
+                results[bench.name] = on_cluster(bench, arguments, env)
             outcome = results[bench.name].get("error") or f"ratio {results[bench.name].get('ratio')}"
             print(
                 f"[all] {bench.name}: {outcome} ({results[bench.name]['wall_s']} s)",

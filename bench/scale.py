@@ -45,8 +45,10 @@ def _topics(admin: AdminClient, tag: str) -> tuple[str, str]:
     names = (f"scale-raw-{tag}", f"scale-dlq-{tag}")
     futures = admin.create_topics(
         [
-            NewTopic(names[0], PARTITIONS, 1, config={"max.message.bytes": str(4 * 2**20)}),
-            NewTopic(names[1], 1, 1, config={"max.message.bytes": str(64 * 2**20)}),
+            # replication_factor -1: the cluster's default (1 on one broker, 3 with min.insync 2 on
+            # `up --brokers 3`), as the pipeline's own topics get it
+            NewTopic(names[0], PARTITIONS, -1, config={"max.message.bytes": str(4 * 2**20)}),
+            NewTopic(names[1], 1, -1, config={"max.message.bytes": str(64 * 2**20)}),
         ]
     )
     for f in futures.values():
