@@ -316,7 +316,7 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    meta = {
+    meta: dict[str, Any] = {
         "commit": commit(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "mode": "quick" if args.quick else "default",

@@ -94,7 +94,7 @@ def main() -> None:
     arrays = buf.getvalue()
 
     def baseline() -> None:
-        record = fastavro.schemaless_reader(io.BytesIO(arrays), array_schema, None)
+        record: Any = fastavro.schemaless_reader(io.BytesIO(arrays), array_schema, None)
         np.asarray(record["response_tokens"], dtype=np.int32)
         np.asarray(record["response_logprobs"], dtype=np.float32)
 

@@ -93,9 +93,7 @@ def _topics(admin: AdminClient, tag: str) -> tuple[str, str, str]:
     return names
 
 
-def _worker(
-    servers: str, topics: tuple[str, str, str], lake: Path, state: Path, tag: str
-) -> subprocess.Popen:
+def _worker(servers: str, topics: tuple[str, ...], lake: Path, state: Path, tag: str) -> subprocess.Popen:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

@@ -99,7 +99,7 @@ def broker() -> Iterator[str]:
 def records_of_size(size: int, count: int, seed: int = 1) -> list[TrajectoryRecord]:
     """`count` distinct trajectories whose encoded value is about `size` bytes."""
     codec = TrajectoryCodec()
-    template = dict(next(SyntheticFleet(seed).trajectories(1)))
+    template: dict[str, Any] = dict(next(SyntheticFleet(seed).trajectories(1)))
     template.update(response_text="", metadata={}, domain="math/bench", task_type="math")
     template["prompt_tokens"] = template["prompt_tokens"][: 64 * 4]
     template["response_tokens"], template["response_logprobs"] = b"\0" * 4, b"\0" * 4

@@ -38,7 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rounds import Sample, alternate, emit, load_average, summary
+from rounds import Sample, alternate, emit, load_average, summary
+
 from producers import SyntheticFleet
 from schemas import TrajectoryCodec
 from stream_processors.offsets import Coordinates
