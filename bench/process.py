@@ -7,7 +7,7 @@ has bench/score.py; `--code-messages` adds one run of ours on real sandboxed cod
 Baselines, on the same messages: a confluent-kafka consumer that decodes each message (no
 validation, no scoring) into Arrow and appends with `write_deltalake`, using the stage's own
 writer properties (`delta_sink.writer_properties()`: ZSTD, dictionary encoding only on the
-low-cardinality strings) and its commit rule (64 MiB of messages or 1 s).
+low-cardinality strings) and its commit rule (`StreamDefaults.commit_mib` MiB of messages, 32, or 1 s).
 `baseline-serial` consumes, decodes and writes one after another in one thread;
 `baseline-threaded` decodes and builds each commit's table in one thread while a second thread
 writes the previous one (a queue of two), so the write's Rust and ZSTD time overlaps the decode.
@@ -61,13 +61,14 @@ from rounds import Sample, alternate, cpu_seconds, emit, load_average, summary
 from producers import SyntheticFleet
 from producers.fleet import without_code
 from schemas import TrajectoryCodec
+from schemas.defaults import StreamDefaults
 from schemas.tables import TIMESTAMP
 from stream_processors.delta_sink import list_column, writer_properties
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
-COMMIT_BYTES = 64 * 2**20
-COMMIT_INTERVAL_S = 1.0
+COMMIT_BYTES = StreamDefaults.commit_mib * 2**20
+COMMIT_INTERVAL_S = StreamDefaults.commit_interval_s
 BATCH = 500
 WARMUP_S = 5.0
 POOL_GROUPS = 500
