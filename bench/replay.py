@@ -57,10 +57,9 @@ falling to 2.8). Full runs of this bench, 11 at 6d7ea65 alternated with 11 of th
 (3 rounds each, load average 2.7 to 7.0): ratio median 1.06 (runs 0.49 to 1.38) against 1.05
 (0.70 to 1.68); CPU per token 44.0 ns ours against 55.0 TorchRL (42.1 against 53.1 before).
 Keeping Arrow's decoded token buffers instead of copying them, one pass of the vocabulary check
-and no validity pass for columns without nulls save a few ms of CPU per load: 13 runs alternated
-with the code before (load average 0.6 to 3.5) gave ours 45.6 against 44.0 ns a token of CPU and
-a ratio median of 1.30 against 1.17, noise either way. docs/replay.md has what was tried and the
-floor.
+and no validity pass for columns without nulls save a few ms of CPU per load: 20 runs alternated
+with the code before (load average 0.6 to 3.5) gave ours 45.7 against 45.8 ns a token of CPU and
+a ratio median of 1.22 against 1.19, the same. docs/replay.md has what was tried and the floor.
 
     python bench/replay.py [--rows 4000] [--max-length 4096] [--token-budget 65536] [--rounds 3] [--json]
 """
