@@ -54,9 +54,9 @@ class RaggedColumn:
 
     @classmethod
     def from_arrow(cls, array: pa.Array | pa.ChunkedArray, *, name: str = "") -> RaggedColumn:
-        """View an Arrow list array (no nulls) as offsets and values, without copying one chunk."""
+        """View an Arrow list array (no nulls) as offsets and values; a single chunk is not copied."""
         if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks()
+            array = single_array(array)
         if not isinstance(array, pa.ListArray | pa.LargeListArray):
             raise TypeError(f"column {name!r} is {array.type}, expected a list column")
         offsets = array.offsets.to_numpy().astype(np.int64, copy=False)
@@ -67,6 +67,11 @@ class RaggedColumn:
     def lengths(self) -> npt.NDArray[np.int64]:
         """Number of elements in each row."""
         return np.diff(self.offsets)
+
+
+def single_array(column: pa.ChunkedArray) -> pa.Array:
+    """`column` as one array: its only chunk as is (`combine_chunks` would copy it), else the chunks joined."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def loss_mask_column(
@@ -84,7 +89,7 @@ def loss_mask_column(
     name = column.name if isinstance(column, pl.Series) else "loss_mask"
     array = column.rechunk().to_arrow() if isinstance(column, pl.Series) else column
     if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
+        array = single_array(array)
     if array.null_count == len(array):
         return None
     if not isinstance(array, pa.ListArray | pa.LargeListArray):

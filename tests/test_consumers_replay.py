@@ -461,13 +461,14 @@ def test_ranks_times_workers_shards_are_disjoint_and_cover_all(lake) -> None:
 def test_files_before_the_task_columns_and_version_spans_read_as_the_contract_says(tmp_path: Path) -> None:
     """A file written before `loss_mask` / `version_spans` existed reads them as null (every token
     trained on, one version); a later file's rows go by their oldest span's version; rows with a
-    null or non-finite advantage, or a status not trained on, are left out."""
+    null or non-finite advantage, null tokens, or a status not trained on, are left out."""
     uri = str(tmp_path / "trajectories")
     old_schema = pa.schema([f for f in TRAJECTORIES_SCHEMA if f.name not in ("loss_mask", "version_spans")])
     old = make_rows(12, first=0, seed=7, policy_version=3, all_trainable=True)
     old[0]["advantage"] = float("nan")
     old[1]["advantage"] = None
     old[2]["verifier_status"] = "error"
+    old[3]["response_tokens"] = None
     write_deltalake(uri, pa.Table.from_pylist(old, schema=old_schema), partition_by=["bucket"], mode="append")
     new = make_rows(12, first=12, seed=8, policy_version=5, all_trainable=True)
     for i, row in enumerate(new):
@@ -489,7 +490,7 @@ def test_files_before_the_task_columns_and_version_spans_read_as_the_contract_sa
     got = {
         tid: int(v) for b in batches for tid, v in zip(b["trajectory_ids"], b["policy_versions"], strict=True)
     }
-    expected = {r["trajectory_id"]: 3 for r in old[3:]}
+    expected = {r["trajectory_id"]: 3 for r in old[4:]}
     expected.update(
         {
             r["trajectory_id"]: min(s["version"] for s in r["version_spans"]) if i % 2 else 5

@@ -274,7 +274,8 @@ class ReplayBuffer:
             keys = self._pending[0]
             where = np.searchsorted(rows.seq, keys)
             if len(rows):
-                present = (where < len(rows)) & (rows.seq[np.minimum(where, len(rows) - 1)] == keys)
+                # a key past the last row is compared with the last row's key, and differs
+                present = rows.seq.take(where, mode="clip") == keys
             else:
                 present = np.zeros(len(keys), dtype=bool)
             positions = where[present]
