@@ -6,11 +6,12 @@ recorded with its error and the rest still run. The page holds one table (each f
 baseline, rounds, spread), the commit and the machine; the JSON holds every bench's full output.
 
 Benches that need a broker (process, scale, lanes) use ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or this
-script starts one on free loopback ports for the whole run (bench/local_broker.py). `scale-3-brokers`
-runs scale.py on a 3-node cluster (replication 3, min.insync 2) that this script starts for it
-alone and stops after it. The default
-sizes are chosen so the whole run takes about 30 minutes on a 2-core machine; `--quick` is a
-check that every bench runs (about 10 minutes), `--args NAME="..."` replaces one bench's arguments.
+script starts one on free loopback ports for the whole run (bench/local_broker.py).
+`scale-3-brokers` runs scale.py on a 3-node cluster (replication 3, min.insync 2) that this
+script starts for it alone and stops after it. score and replay run 5 rounds instead of their 3:
+a round of either lasts about a second, and their per-round ratios spread widely on a shared
+machine. The default sizes keep the whole run well within 40 minutes on a 2-core machine;
+`--quick` is a check that every bench runs, `--args NAME="..."` replaces one bench's arguments.
 
     python bench/all.py [--quick] [--only process,codec] [--args process="--rounds 2"] [--json]
 """
@@ -111,9 +112,10 @@ BENCHES = (
         "unsandboxed python -S",
         "verdicts",
         ours_key="sandboxed",
+        default=("--rounds", "5"),
         quick=("--trajectories", "40"),
     ),
-    Bench("replay", "ReplayBuffer", "TorchRL", "tokens", quick=("--rows", "1000")),
+    Bench("replay", "ReplayBuffer", "TorchRL", "tokens", default=("--rounds", "5"), quick=("--rows", "1000")),
     Bench("publish", "Publisher", "Kafka Java producer", "MB", quick=("--mb", "30", "--repeats", "1")),
     Bench("loop", "the training loop", "its baseline", "tasks", ours_key="async", quick=("--rounds", "1")),
     Bench(
