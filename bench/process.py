@@ -346,7 +346,11 @@ def _baseline_run(
                     pending.append(msg)
                     size += len(msg.value() or b"")
             now = time.monotonic()
-            due = size >= BASELINE_COMMIT_BYTES or now - since >= COMMIT_INTERVAL_S or done + len(pending) >= total
+            due = (
+                size >= BASELINE_COMMIT_BYTES
+                or now - since >= COMMIT_INTERVAL_S
+                or done + len(pending) >= total
+            )
             if pending and due:
                 records = [codec.decode(m.value()) for m in pending]
                 coords = [(m.topic(), m.partition(), m.offset()) for m in pending]
