@@ -3,7 +3,9 @@
 Each bench runs as `python bench/NAME.py --json [arguments]` in a subprocess of its own (with a
 time limit); its last stdout line is its JSON. A bench that fails, times out or prints no JSON is
 recorded with its error and the rest still run. The page holds one table (each figure, its
-baseline, rounds, spread), the commit and the machine; the JSON holds every bench's full output.
+baseline, rounds, spread), the targets (`TARGETS`: each with its measured figure, met or not, and
+the page that works out the gap), the commit and the machine; the JSON holds every bench's full
+output and the targets, and the last stdout line every bench's ratios and the targets.
 
 Benches that need a broker (process, scale, lanes) use ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or this
 script starts one on free loopback ports for the whole run (bench/local_broker.py).
@@ -129,6 +131,84 @@ BENCHES = (
 )
 
 
+@dataclass(frozen=True)
+class Target:
+    """A figure a bench must reach: `result[key] >= bound` (or `<=` when `at_most`), and the page
+    where what stands between the figure and its bound is worked out."""
+
+    bench: str
+    key: str
+    bound: float
+    what: str
+    why: str
+    at_most: bool = False
+
+    def measured(self, results: Mapping[str, Mapping[str, Any]]) -> float | None:
+        value = results.get(self.bench, {}).get(self.key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def met(self, value: float | None) -> bool | None:
+        if value is None:
+            return None
+        return value <= self.bound if self.at_most else value >= self.bound
+
+
+TARGETS = (
+    Target("process", "ratio", 0.8, "stream stage / the better bare consumer", "stream.md#lanes-and-threads"),
+    Target(
+        "process",
+        "p99_latency_s",
+        1.0,
+        "p99 publish-to-visible at half rate (s)",
+        "stream.md#lanes-and-threads",
+        at_most=True,
+    ),
+    Target(
+        "process",
+        "peak_rss_mb",
+        1024,
+        "worker peak RSS over the backlog (MiB)",
+        "stream.md#lanes-and-threads",
+        at_most=True,
+    ),
+    Target("replay", "ratio", 1.5, "replay buffer / TorchRL at its best", "replay.md#benchmark"),
+    Target("replay", "padding_waste", 0.05, "padding waste", "replay.md#batches", at_most=True),
+    Target(
+        "score",
+        "ratio",
+        0.5,
+        "sandboxed / unsandboxed `python -S` verdicts",
+        "sandbox.md#what-a-verdict-costs",
+    ),
+    Target("publish", "ratio_1024", 0.8, "Publisher / Java KafkaProducer, 1 KB", "producers.md#benchmarks"),
+    Target("publish", "ratio_8192", 1.0, "Publisher / Java KafkaProducer, 8 KB", "producers.md#benchmarks"),
+    Target(
+        "publish", "ratio_262144", 1.0, "Publisher / Java KafkaProducer, 256 KB", "producers.md#benchmarks"
+    ),
+)
+"""What the benches must show (medians of one run); an unmet one stays on the page with its figure."""
+
+
+def targets(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each target of a bench that ran, with its measured figure and whether it holds."""
+    out = []
+    for t in TARGETS:
+        if t.bench not in results:
+            continue
+        value = t.measured(results)
+        out.append(
+            {
+                "bench": t.bench,
+                "key": t.key,
+                "target": f"{'<=' if t.at_most else '>='} {t.bound:g}",
+                "measured": value,
+                "met": t.met(value),
+                "why": t.why,
+            }
+        )
+    return out
+
+
 def run_bench(bench: Bench, arguments: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
     """One bench's JSON, or {"error": ...} naming what went wrong; with its wall seconds."""
     command = [sys.executable, str(HERE / f"{bench.script or bench.name}.py"), "--json", *arguments]
@@ -246,6 +326,17 @@ def page(results: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> s
                 rows.append(_row(f"{bench.name} ({size} B)", bench, part))
         else:
             rows.append(_row(bench.name, bench, result))
+    goals = [
+        "| bench | figure | target | measured | met | worked out in |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in TARGETS:
+        if t.bench not in results:
+            continue
+        value = t.measured(results)
+        met = {True: "yes", False: "**no**", None: "not measured"}[t.met(value)]
+        bound = f"{'at most' if t.at_most else 'at least'} {t.bound:g}"
+        goals.append(f"| {t.bench} | {t.what} | {bound} | {_figure(value)} | {met} | [{t.why}]({t.why}) |")
     m = meta["machine"]
     lines = [
         "# Benchmarks",
@@ -256,6 +347,13 @@ def page(results: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> s
         "bench's docstring describes its baseline's set-up.",
         "",
         *rows,
+        "",
+        "## Targets",
+        "",
+        "What the project asks of these figures (medians of this run). One that is not met stays here",
+        "with its figure; the linked page works out where the time goes and what was tried.",
+        "",
+        *goals,
         "",
         f"Commit {meta['commit']}, {meta['date']}, mode {meta['mode']}, {meta['wall_s']:.0f} s in all.",
         f"Machine: {m['cpus']} cores ({m['cpu_model']}), {m['memory_gib']} GiB, Python {m['python']},",
@@ -328,13 +426,23 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "benchmarks.md").write_text(page(results, meta))
-    document = {**meta, "benches": results}
+    document = {**meta, "benches": results, "targets": targets(results)}
     (args.out / "benchmarks.json").write_text(json.dumps(document, indent=1) + "\n")
     summary = {
         name: {k: v for k, v in r.items() if k in ("rounds", "error") or k.startswith("ratio")}
         for name, r in results.items()
     }
-    print(json.dumps({"commit": meta["commit"], "wall_s": round(meta["wall_s"], 1), "benches": summary}))
+    goals = [{k: v for k, v in t.items() if k != "why"} for t in document["targets"]]
+    print(
+        json.dumps(
+            {
+                "commit": meta["commit"],
+                "wall_s": round(meta["wall_s"], 1),
+                "benches": summary,
+                "targets": goals,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
