@@ -131,7 +131,8 @@ class Stage:
             attempt of a task is a dead letter `duplicate_attempt` (attempts.py).
         observer: told of each commit and each decided group; default none.
         background_commits: a due outbox is written by a committer thread while `accept` goes on
-            with the next batches (one commit at a time; its rows stay unsafe until it is stored,
+            with the next batches (one commit at a time, and an outbox of `commit_bytes` waits for
+            the one under way; its rows stay unsafe until it is stored,
             and `accept`, `tick` and `flush` report its rows once it is). False writes it in the
             calling thread, before returning.
     """
@@ -453,8 +454,14 @@ class Stage:
         """Commit a due outbox (in the committer thread with background commits); returns the
         rows stored meanwhile."""
         settled = self._settle(wait=False)
-        if not self._outbox or self._committing is not None:
+        if not self._outbox:
             return settled
+        if self._committing is not None:
+            if self._outbox_bytes < self.commit_bytes:
+                return settled
+            # A full outbox waits for the commit under way instead of growing: a commit then holds
+            # about `commit_bytes`, which bounds the writer's memory, and the wait holds up the lane.
+            settled += self._settle(wait=True)
         wait = self.idle_commit_s if caught_up else self.commit_interval_s
         aged = self._outbox_since is not None and now - self._outbox_since >= wait
         if not (aged or self._outbox_bytes >= self.commit_bytes):

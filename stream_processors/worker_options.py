@@ -48,7 +48,8 @@ class WorkerOptions:
             message bytes, or once the oldest waited this long; when the lanes are caught up
             (less than a batch waits behind their last batches), once the oldest waited
             `idle_commit_s`: the latency of a worker with time to spare, paid for in commits per
-            second (one each `idle_commit_s` while rows arrive).
+            second (one each `idle_commit_s` while rows arrive). While a commit is under way, a
+            full outbox waits for it (and so do the lanes), so a commit holds about `commit_bytes`.
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet committed): above it fetching rollouts.raw pauses, and resumes at half. The
             intake adds one batch read ahead and librdkafka's prefetch queue (64 MiB per lane).

@@ -236,6 +236,45 @@ def test_preflight_runs_once_for_every_lane_and_retries_brokers_that_do_not_answ
     assert len(calls) == 3 and preflight.passed and passed == [1]
 
 
+class CommitSizes:
+    """A StageObserver recording each commit's rows and message bytes."""
+
+    def __init__(self) -> None:
+        self.commits: list[tuple[int, int]] = []
+
+    def committed(self, rows: int, nbytes: int, seconds: float) -> None:
+        self.commits.append((rows, nbytes))
+
+    def decided(self, status: str, samples: int) -> None: ...
+
+
+def test_a_full_outbox_waits_for_the_commit_under_way_instead_of_growing(tmp_path):
+    sizes = CommitSizes()
+    batch_size, commit_rows = 8, 16
+    stream = messages(96)
+    commit_bytes = sum(len(m.value or b"") for m in stream[:commit_rows])
+    stage = make_stage(tmp_path, background_commits=True, commit_bytes=commit_bytes, observer=sizes)
+    table = stage.sink.table
+    slow_commit, first = table.commit, threading.Event()
+
+    def commit(*args, **kwargs):  # the first commit is slow: batches keep coming meanwhile
+        if not first.is_set():
+            first.set()
+            threading.Event().wait(0.5)
+        return slow_commit(*args, **kwargs)
+
+    table.commit = commit  # type: ignore[method-assign]
+    processor = stage.processor
+    for i in range(0, len(stream), batch_size):
+        stage.accept(processor.judge(stream[i : i + batch_size]))
+    stage.flush()
+    assert first.is_set() and sum(rows for rows, _ in sizes.commits) == len(stream)
+    one_batch = max(len(m.value or b"") for m in stream) * batch_size
+    assert len(sizes.commits) >= len(stream) // (commit_rows + batch_size)
+    assert all(nbytes < commit_bytes + one_batch for _, nbytes in sizes.commits), sizes.commits
+    assert stage.sink.table.refresh().to_pyarrow_dataset().count_rows() == len(stream)
+
+
 def test_stage_retries_a_failing_write_with_its_attempt_wait_and_error_in_the_log(tmp_path, caplog):
     stage = make_stage(tmp_path, write_retries=2, retry_backoff_s=0.01)
     failures = iter([SinkError("disk full"), SinkError("disk full")])
