@@ -30,6 +30,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from schemas.newest_table import NewestTable
 from stream_processors.exceptions import SinkError, StreamProcessorError
 
 log = logging.getLogger(__name__)
@@ -104,19 +105,15 @@ class TxnTable:
         self.partition_by = list(partition_by) if partition_by else None
         self.storage_options = dict(storage_options) if storage_options else None
         self.commit_retries = commit_retries
-        self._table: DeltaTable | None = None
+        self._table = NewestTable(uri, storage_options)
         self._writer_properties = writer_properties or WriterProperties(compression="ZSTD")
 
     def refresh(self) -> DeltaTable | None:
         """The table at its newest version, or None before the first write; raises SinkError."""
         try:
-            if self._table is not None:
-                self._table.update_incremental()
-            elif DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+            return self._table.newest()
         except (DeltaError, OSError) as exc:
             raise SinkError(f"reading the newest version of {self.uri} failed: {exc}") from exc
-        return self._table
 
     def version_of(self, table: DeltaTable | None, topic: str, partition: int) -> int | None:
         """The txn version of (topic, partition), the legacy app id's when the new one is absent."""

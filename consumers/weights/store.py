@@ -25,6 +25,7 @@ from safetensors.torch import load as load_safetensors
 
 from consumers.exceptions import ChecksumError, WeightsError
 from consumers.table import TableSnapshot
+from schemas.newest_table import NewestTable
 from schemas.policy_version import PolicyVersion
 from schemas.tables import POLICIES_SCHEMA
 
@@ -45,18 +46,14 @@ class PoliciesTable:
     def __init__(self, lake: str, storage_options: dict[str, str] | None) -> None:
         self.uri = f"{lake}/{POLICIES_TABLE}"
         self.storage_options = storage_options
-        self._handle: DeltaTable | None = None
+        self._handle = NewestTable(self.uri, storage_options)
 
     def refresh(self) -> DeltaTable | None:
         """The table at its newest version (read incrementally), or None before it exists."""
         try:
-            if self._handle is not None:
-                self._handle.update_incremental()
-            elif DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-                self._handle = DeltaTable(self.uri, storage_options=self.storage_options)
+            return self._handle.newest()
         except (DeltaError, OSError) as exc:
             raise WeightsError(f"reading the newest version of {self.uri} failed: {exc}") from exc
-        return self._handle
 
     def open(self) -> DeltaTable:
         """The table at its newest version, created (empty, append-only) when missing."""
