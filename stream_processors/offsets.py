@@ -167,6 +167,8 @@ class TxnTable:
             attempt = self._append(table, data, properties, attempt)
             if attempt:
                 continue
+            if table is not None:  # a DeltaTable written through moves to the version it committed
+                return table.version()
             written = self.refresh()
             assert written is not None
             return written.version()
