@@ -45,12 +45,12 @@ class StreamDefaults:
     commit_mib: Final = 32
     """Commit once the decided rows hold this many MiB of messages; while a commit is under way a
     full outbox waits for it, so a commit holds about this much. delta-rs holds about five times a
-    commit's Arrow table while it writes it, so this sets the worker's peak memory: over a backlog of
-    20,000 fleet messages a worker peaked at 760 to 780 MB with 32 (3 runs; 910 to 1,072 in 6 runs
-    before a full outbox waited, when a commit behind a slow one grew to 10,000 rows; 616 and 644
-    with 16 then), and
-    drained 30,000 fleet messages about as fast with 32 as with 64 but about a tenth slower with 16
-    (medians 8,212 against 7,342/s, 4 alternated runs, load average 1.0 to 1.6)."""
+    commit's Arrow table while it writes it, so this sets the worker's peak memory: over a backlog
+    of 20,000 fleet messages a worker peaked at 760 to 780 MB with 32 (3 runs; 910 to 1,072 in 6
+    runs before a full outbox waited, when a commit behind a slow one grew to 10,000 rows; 616 and
+    644 with 16 then). It drained 30,000 fleet messages as fast with 32 as with 64 (7,089 and
+    5,911/s against 7,097 and 7,017/s) and about a tenth slower with 16 (medians 7,342 against
+    8,212/s, 4 runs); all runs alternated, load average 0.6 to 1.6."""
     commit_interval_s: Final = 1.0
     idle_commit_s: Final = 0.1
     """The commit wait when the lanes are caught up (`Stage.idle_commit_s`)."""
