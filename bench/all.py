@@ -189,24 +189,29 @@ TARGETS = (
 """What the benches must show (medians of one run); an unmet one stays on the page with its figure."""
 
 
-def targets(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _checked(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[Target, float | None, bool | None]]:
     """Each target of a bench that ran, with its measured figure and whether it holds."""
     out = []
     for t in TARGETS:
-        if t.bench not in results:
-            continue
-        value = t.measured(results)
-        out.append(
-            {
-                "bench": t.bench,
-                "key": t.key,
-                "target": f"{'<=' if t.at_most else '>='} {t.bound:g}",
-                "measured": value,
-                "met": t.met(value),
-                "why": t.why,
-            }
-        )
+        if t.bench in results:
+            value = t.measured(results)
+            out.append((t, value, t.met(value)))
     return out
+
+
+def targets(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The targets of `_checked` as JSON records."""
+    return [
+        {
+            "bench": t.bench,
+            "key": t.key,
+            "target": f"{'<=' if t.at_most else '>='} {t.bound:g}",
+            "measured": value,
+            "met": met,
+            "why": t.why,
+        }
+        for t, value, met in _checked(results)
+    ]
 
 
 def run_bench(bench: Bench, arguments: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
@@ -330,13 +335,12 @@ def page(results: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> s
         "| bench | figure | target | measured | met | worked out in |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for t in TARGETS:
-        if t.bench not in results:
-            continue
-        value = t.measured(results)
-        met = {True: "yes", False: "**no**", None: "not measured"}[t.met(value)]
+    for t, value, met in _checked(results):
+        verdict = {True: "yes", False: "**no**", None: "not measured"}[met]
         bound = f"{'at most' if t.at_most else 'at least'} {t.bound:g}"
-        goals.append(f"| {t.bench} | {t.what} | {bound} | {_figure(value)} | {met} | [{t.why}]({t.why}) |")
+        goals.append(
+            f"| {t.bench} | {t.what} | {bound} | {_figure(value)} | {verdict} | [{t.why}]({t.why}) |"
+        )
     m = meta["machine"]
     lines = [
         "# Benchmarks",

@@ -6,6 +6,7 @@ import ast
 import asyncio
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from stream_processors.rebalance import RebalanceListener
 from stream_processors.shielded import shielded
 from stream_processors.shutdown import Shutdown
 from stream_processors.sink_thread import SinkThread
-from stream_processors.stage import Stage
+from stream_processors.stage import Stage, StageObserver
 from stream_processors.startup import Preflight
 
 pytestmark = pytest.mark.timeout(120)
@@ -236,16 +237,14 @@ def test_preflight_runs_once_for_every_lane_and_retries_brokers_that_do_not_answ
     assert len(calls) == 3 and preflight.passed and passed == [1]
 
 
-class CommitSizes:
-    """A StageObserver recording each commit's rows and message bytes."""
+class CommitSizes(StageObserver):
+    """Records each commit's rows and message bytes."""
 
     def __init__(self) -> None:
         self.commits: list[tuple[int, int]] = []
 
     def committed(self, rows: int, nbytes: int, seconds: float) -> None:
         self.commits.append((rows, nbytes))
-
-    def decided(self, status: str, samples: int) -> None: ...
 
 
 def test_a_full_outbox_waits_for_the_commit_under_way_instead_of_growing(tmp_path):
@@ -260,7 +259,7 @@ def test_a_full_outbox_waits_for_the_commit_under_way_instead_of_growing(tmp_pat
     def commit(*args, **kwargs):  # the first commit is slow: batches keep coming meanwhile
         if not first.is_set():
             first.set()
-            threading.Event().wait(0.5)
+            time.sleep(0.5)
         return slow_commit(*args, **kwargs)
 
     table.commit = commit  # type: ignore[method-assign]
