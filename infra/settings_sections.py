@@ -285,6 +285,22 @@ class StreamSettings(Section):
         description="While the worker is caught up, commit once the oldest decided row waited this long, "
         "seconds: lower is less latency and more commits per second.",
     )
+    compact_files: int = Field(
+        default=StreamDefaults.compact_files,
+        ge=0,
+        description="Compact a partition of the worker's tables once it holds this many small files "
+        "(0: never; `rollstream maintain` then has to).",
+    )
+    compact_target_mb: int = Field(
+        default=StreamDefaults.compact_target_mib,
+        ge=1,
+        description="Files below this many MiB count as small; compaction writes files of about this size.",
+    )
+    compact_every: float = Field(
+        default=StreamDefaults.compact_every_s,
+        gt=0,
+        description="How often to look for small files, seconds.",
+    )
     session_timeout: float = Field(
         default=StreamDefaults.session_timeout_s,
         gt=0,

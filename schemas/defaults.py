@@ -54,6 +54,15 @@ class StreamDefaults:
     commit_interval_s: Final = 1.0
     idle_commit_s: Final = 0.1
     """The commit wait when the lanes are caught up (`Stage.idle_commit_s`)."""
+    compact_files: Final = 100
+    """Small files in one partition of a worker's table that start its compaction (0: never)."""
+    compact_target_mib: Final = 4
+    """Files below this many MiB are small; compaction writes files of about this size. A
+    compacted file stays small until it reaches the target, so each compaction rewrites it again:
+    compacting a partition after every 100 commits of 8 rows took 0.36 to 0.77 s of CPU over 12
+    runs with 4, and grew from 0.45 to 1.13 s with 16 (scratch script, 1,200 commits)."""
+    compact_every_s: Final = 30.0
+    """How often a worker looks for partitions to compact."""
     session_timeout_s: Final = 10.0
     task_window: Final = 100_000
     """Completed task ids remembered per partition (about 8 MB each when full, 1.1 MB as a snapshot)."""

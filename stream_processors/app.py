@@ -24,6 +24,7 @@ from schemas.metrics import Readiness
 from schemas.profile import load_profile
 from stream_processors.backpressure import Backpressure, Held
 from stream_processors.committer import Committer
+from stream_processors.compaction import Compactor
 from stream_processors.dead_letters import DeadLetters
 from stream_processors.delta_sink import DeltaSink
 from stream_processors.executions import ExecutionLog
@@ -90,6 +91,7 @@ def create_app(options: WorkerOptions) -> StreamApp:
     )
     metrics = WorkerMetrics()
     stage, stores = _stage(o, metrics)
+    compactors = _compactors(o, stage)
     sink, held = SinkThread(stage), Held()
     names = LANE_NAMES[: len(o.topics)]
     readiness = Readiness(["preflight", *(f"{name}_assigned" for name in names)])
@@ -118,9 +120,15 @@ def create_app(options: WorkerOptions) -> StreamApp:
         metrics=metrics,
         readiness=readiness,
         close=functools.partial(_close, stage),
+        compactors=compactors,
     )
     app = _faust_app(o, partitions)
-    worker.attach(app, tick_s=min(0.1, o.commit_interval_s / 4), log_every_s=o.log_every_s)
+    worker.attach(
+        app,
+        tick_s=min(0.1, o.commit_interval_s / 4),
+        log_every_s=o.log_every_s,
+        compact_every_s=o.compact_every_s,
+    )
     app.worker, app.lanes, app.stage = worker, worker.lanes, stage
     return app
 
@@ -164,6 +172,26 @@ def _stage(o: WorkerOptions, metrics: WorkerMetrics) -> tuple[Stage, list[tuple[
     if isinstance(processor.verifiers, DomainVerifiers) and processor.verifiers.needs_sandbox:
         processor.verifiers.sandbox  # noqa: B018 (checked at start-up: fail loudly, never unsandboxed)
     return stage, [(TRAJECTORIES_TABLE, rows), (DEAD_LETTERS_TABLE, letters), (EXECUTIONS_TABLE, audit)]
+
+
+def _compactors(o: WorkerOptions, stage: Stage) -> list[Compactor]:
+    """A compactor per table the worker appends to (none with `compact_files` 0)."""
+    if not o.compact_files:
+        return []
+    tables = [stage.sink.table, stage.dead_letters.table]
+    if stage.executions is not None:
+        tables.append(stage.executions.table)
+    return [
+        Compactor(
+            t.uri,
+            partition_by=t.partition_by[0] if t.partition_by else None,
+            min_files=o.compact_files,
+            target_bytes=o.compact_target_bytes,
+            writer_properties=t.writer_properties,
+            storage_options=o.storage_options,
+        )
+        for t in tables
+    ]
 
 
 def _lane(o: WorkerOptions, name: str, topic: str, listener: RebalanceListener) -> Lane:

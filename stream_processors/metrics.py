@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from schemas.metrics import BYTES_BUCKETS, COUNT_BUCKETS, NAMESPACE, counter, gauge, histogram, new_registry
+from stream_processors.compaction import Compacted
 from stream_processors.dead_letters import DeadLetter
 from stream_processors.offsets import TopicPartition
 from stream_processors.processing import JudgedBatch
@@ -60,6 +61,12 @@ class WorkerMetrics(StageObserver):
             r, SUBSYSTEM, "groups_decided", "Groups decided, by status (timed_out among them)", ["status"]
         )
         self.pending = gauge(r, SUBSYSTEM, "groups_pending", "Groups waiting for samples")
+        self.compacted_files = counter(
+            r, SUBSYSTEM, "compacted_files", "Small files replaced by compaction, by table", ["table"]
+        )
+        self.compaction_seconds = histogram(
+            r, SUBSYSTEM, "compaction_seconds", "Time of compacting one partition's small files"
+        )
 
     def judged(self, lane: str, batch: JudgedBatch) -> None:
         """A lane judged `batch`: its messages, time, verdicts and sandbox executions."""
@@ -88,6 +95,12 @@ class WorkerMetrics(StageObserver):
         self.commit_seconds.observe(seconds)
         self.commit_rows.observe(rows)
         self.commit_bytes.observe(nbytes)
+
+    def compacted(self, done: Iterable[Compacted]) -> None:
+        """Partitions a compaction run compacted."""
+        for c in done:
+            self.compacted_files.labels(c.table.rstrip("/").rsplit("/", 1)[-1]).inc(c.files_removed)
+            self.compaction_seconds.observe(c.seconds)
 
     def decided(self, status: str, samples: int) -> None:
         self.groups.labels(status).inc()

@@ -106,7 +106,7 @@ class TxnTable:
         self.storage_options = dict(storage_options) if storage_options else None
         self.commit_retries = commit_retries
         self._table = NewestTable(uri, storage_options)
-        self._writer_properties = writer_properties or WriterProperties(compression="ZSTD")
+        self.writer_properties = writer_properties or WriterProperties(compression="ZSTD")
 
     def refresh(self) -> DeltaTable | None:
         """The table at its newest version, or None before the first write; raises SinkError."""
@@ -190,7 +190,7 @@ class TxnTable:
                 mode="append",
                 partition_by=self.partition_by,
                 storage_options=self.storage_options,
-                writer_properties=self._writer_properties,
+                writer_properties=self.writer_properties,
                 commit_properties=properties,
             )
         except CommitFailedError as exc:

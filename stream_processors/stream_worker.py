@@ -2,8 +2,8 @@
 
 Per lane: read batch N+1 (intake thread) while judging batch N (judge thread) while the sink
 thread accepts batch N-1; after each sink step the committer commits the offsets that became
-safe. Faust runs the lanes as tasks, the group timer and the progress log as timers, and serves
-``/metrics`` and ``/health`` (ready once preflight passed and every lane was assigned).
+safe. Faust runs the lanes as tasks, the group timer, the progress log and compaction as timers,
+and serves ``/metrics`` and ``/health`` (ready once preflight passed and every lane was assigned).
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import faust
 from faust.web import Request, Response, View
 
+from schemas.defaults import StreamDefaults
 from schemas.metrics import Readiness, exposition
 from stream_processors.committer import Committer
+from stream_processors.compaction import Compactor
 from stream_processors.intake import Taken
 from stream_processors.lanes import Lane
 from stream_processors.metrics import LagCollector, WorkerMetrics
@@ -42,7 +44,8 @@ class _InFlight:
 class StreamWorker:
     """The worker's parts: lanes (each with its intake and judge thread), the sink thread, the
     committer, the rebalance listener, backpressure (in the committer), preflight, shutdown,
-    metrics and readiness. `attach` hands its tasks, timers and pages to a Faust app."""
+    metrics, readiness and the compactors of its tables. `attach` hands its tasks, timers and
+    pages to a Faust app."""
 
     def __init__(
         self,
@@ -55,6 +58,7 @@ class StreamWorker:
         metrics: WorkerMetrics,
         readiness: Readiness,
         close: Callable[[], None],
+        compactors: Sequence[Compactor] = (),
     ) -> None:
         self.lanes = dict(lanes)
         self.sink = sink
@@ -64,6 +68,7 @@ class StreamWorker:
         self.preflight = preflight
         self.metrics = metrics
         self.readiness = readiness
+        self.compactors = list(compactors)
         self.shutdown = Shutdown(committer, self.crash, readiness, close)
         self.app: faust.App | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -74,14 +79,23 @@ class StreamWorker:
 
     # -- composed with Faust ---------------------------------------------------------------------
 
-    def attach(self, app: faust.App, *, tick_s: float, log_every_s: float) -> None:
-        """Register the lanes as tasks, the group timer, the progress log and the web pages."""
+    def attach(
+        self,
+        app: faust.App,
+        *,
+        tick_s: float,
+        log_every_s: float,
+        compact_every_s: float = StreamDefaults.compact_every_s,
+    ) -> None:
+        """Register the lanes as tasks, the group timer, the progress log, compaction and the web pages."""
         self.app = app
         app.task(_named("announce_web_server", self.announce_web_server))
         for lane in self.lanes.values():
             app.task(_named(f"lane_{lane.name}", functools.partial(self.run_lane, lane)))
         app.timer(interval=tick_s)(_named("release_timed_out", self.tick))
         app.timer(interval=log_every_s)(_named("report_progress", self.report_progress))
+        if self.compactors:
+            app.timer(interval=compact_every_s)(_named("compact_small_files", self.compact))
         app.page("/metrics")(_page(self.metrics_page))
         app.page("/health")(_page(self.health_page))
 
@@ -168,6 +182,18 @@ class StreamWorker:
         except Exception as exc:
             log.exception("releasing timed-out groups failed; stopping")
             await self.crash(exc)
+
+    async def compact(self) -> None:
+        """Compact the tables' small files in a thread of their own; a failure only logs."""
+        for compactor in self.compactors:
+            if not self.preflight.passed or self.should_stop:
+                return
+            try:
+                self.metrics.compacted(await asyncio.to_thread(compactor.run))
+            except Exception:
+                log.exception(
+                    "compacting %s failed; its files stay as they are until the next run", compactor.uri
+                )
 
     def _written(self) -> None:
         """In the committer thread, a commit was stored: tick at once, so rows decided meanwhile

@@ -50,6 +50,10 @@ class WorkerOptions:
             `idle_commit_s`: the latency of a worker with time to spare, paid for in commits per
             second (one each `idle_commit_s` while rows arrive). While a commit is under way, a
             full outbox waits for it (and so do the lanes), so a commit holds about `commit_bytes`.
+        compact_files, compact_target_bytes, compact_every_s: every `compact_every_s` the worker
+            compacts each partition of its tables that holds `compact_files` files smaller than
+            `compact_target_bytes` into files of about that size (compaction.py), so small commits
+            do not slow its commits down over hours; `compact_files` 0 never compacts.
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet committed): above it fetching rollouts.raw pauses, and resumes at half. The
             intake adds one batch read ahead and librdkafka's prefetch queue (64 MiB per lane).
@@ -98,6 +102,9 @@ class WorkerOptions:
     commit_bytes: int = StreamDefaults.commit_mib * 2**20
     commit_interval_s: float = StreamDefaults.commit_interval_s
     idle_commit_s: float = StreamDefaults.idle_commit_s
+    compact_files: int = StreamDefaults.compact_files
+    compact_target_bytes: int = StreamDefaults.compact_target_mib * 2**20
+    compact_every_s: float = StreamDefaults.compact_every_s
     raw_buffer_bytes: int = 256 * 2**20
     session_timeout_s: float = StreamDefaults.session_timeout_s
     instance_id: str | None = None
@@ -114,6 +121,11 @@ class WorkerOptions:
     metrics_host: str = StreamDefaults.metrics_host
 
     def __post_init__(self) -> None:
+        if self.compact_files == 1 or self.compact_files < 0 or self.compact_every_s <= 0:
+            raise ValueError(
+                "compact_files must be 0 (never compact) or >= 2 and compact_every_s > 0, got "
+                f"{self.compact_files} and {self.compact_every_s}"
+            )
         if self.verifier_processes < 0:
             raise ValueError(f"verifier_processes must be >= 0, got {self.verifier_processes}")
         if self.batch_size < 1 or self.ultra_batch_size < 1 or self.batch_within_s <= 0:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from concurrent_writer import COMMITS, ROWS, append_batches
 from deltalake import DeltaTable
@@ -32,6 +33,7 @@ from stream_support import (
 )
 
 from consumers.replay import ReplayBuffer, ReplayConfig
+from consumers.replay.log import TableLog
 from infra import services
 from infra.exceptions import ObjectStoreError
 from infra.object_store import (
@@ -45,6 +47,7 @@ from infra.processes import is_alive
 from infra.settings import Settings
 from producers.fleet import SyntheticFleet, without_code
 from schemas import TrajectoryCodec
+from stream_processors.compaction import Compactor
 from stream_processors.offsets import TxnTable
 
 TRAJECTORIES = 800
@@ -93,6 +96,30 @@ def test_concurrent_writers_keep_every_commit(store_settings):
         assert TxnTable(uri, app_id="concurrent", storage_options=store.storage_options).stored_offset(
             "t", w
         ) == (COMMITS * ROWS - 1)
+
+
+def test_a_compaction_adds_no_rows_for_a_follower_of_the_table(store_settings):
+    """On an object store the replay log diffs versions; a compaction's rewritten files are no new rows."""
+    _, store = store_settings
+    uri, options = f"{store.lake_uri}/compacted-{uuid.uuid4().hex[:8]}", store.storage_options
+    table = TxnTable(uri, app_id="compacted", partition_by=["bucket"], storage_options=options)
+    for commit in range(4):
+        rows = pa.table(
+            {"offset": pa.array(range(8 * commit, 8 * commit + 8), pa.int64()), "bucket": ["a"] * 8}
+        )
+        table.commit(rows, {("t", 0): 8 * commit + 7}, {}, expected={("t", 0): 8 * commit - 1})
+    log = TableLog(uri, storage_options=options)
+    appended = log.latest_version()
+    assert appended is not None and [f.num_records for f in log.added_files(appended)] == [8]
+
+    done = Compactor(
+        uri, partition_by="bucket", min_files=4, target_bytes=2**20, storage_options=options
+    ).run()
+
+    assert [(c.files_removed, c.files_added) for c in done] == [(4, 1)]
+    assert log.latest_version() == appended + 1
+    assert log.added_files(appended + 1) == []
+    assert pl.read_delta(uri, storage_options=options)["offset"].sort().to_list() == list(range(32))
 
 
 def test_down_stops_the_object_store(tmp_path: Path):

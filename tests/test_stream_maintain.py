@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from deltalake import DeltaTable
 from stream_support import (
     group_name_fixture,  # noqa: F401 (provides the group_name fixture)
     publish,
@@ -53,3 +54,42 @@ def test_maintain_while_the_processor_writes_loses_and_doubles_nothing(
     assert frame.height == len(records)
     assert frame.select("topic", "partition", "offset").n_unique() == len(records)
     assert frame["trajectory_id"].n_unique() == len(records)
+
+
+@pytest.mark.slow(30)
+def test_the_worker_compacts_its_small_files_while_it_writes(
+    bootstrap_servers, make_topic, group_name, tmp_path
+):
+    raw = make_topic("compact-raw", partitions=2)
+    dlq = make_topic("compact-dlq", partitions=1, config={"max.message.bytes": "67108864"})
+    codec = TrajectoryCodec()
+    records = [
+        r for r in SyntheticFleet(seed=6, group_size=4).trajectories(1_200) if r["task_type"] in NON_CODE
+    ]
+    records = records[: len(records) - len(records) % 4]
+    lake, logs = tmp_path / "lake", tmp_path / "logs"
+    logs.mkdir()
+    traj, log = lake / "trajectories", logs / "worker.log"
+    extra = ["--compact-files", "4", "--compact-every", "0.5", "--idle-commit", "0.05"]
+    proc = start_worker(
+        bootstrap_servers, lake, raw, dlq, "compact-e2e", group_name("compact"), log, extra=extra
+    )
+    chunks = [records[i : i + 40] for i in range(0, len(records), 40)]
+    try:
+        published = 0
+        for n, chunk in enumerate(chunks):  # one small commit per chunk: files pile up in every bucket
+            publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in chunk])
+            published += len(chunk)
+            wait_for(lambda want=published: table_rows(traj) >= want, 120, proc, log, f"chunk {n}")
+        operations = lambda: [c.get("operation") for c in DeltaTable(str(traj)).history()]  # noqa: E731
+        wait_for(lambda: "OPTIMIZE" in operations(), 60, proc, log, "a compaction")
+    finally:
+        assert stop_worker(proc, log) == 0, log.read_text()[-3000:]
+    history = operations()
+    writes = history.count("WRITE")
+    assert writes >= len(chunks), history  # at least a commit per chunk
+    files = len(DeltaTable(str(traj)).file_uris())
+    assert "compacted bucket=" in log.read_text()
+    frame = pl.read_delta(str(traj))
+    assert frame.height == len(records) and frame["trajectory_id"].n_unique() == len(records)
+    assert files < writes, (files, writes)  # without compaction: a file per bucket per commit

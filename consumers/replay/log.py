@@ -4,7 +4,8 @@ A tailing reader needs only what a commit added, never the whole table again. Fo
 the commit file `_delta_log/<version>.json` names its `add` actions directly; elsewhere (object
 stores, or a commit file already cleaned up after a checkpoint) the files of version v are
 diffed against those of v - 1 through deltalake. Adds with `dataChange: false` (OPTIMIZE
-rewrites) carry rows already read and are skipped.
+rewrites: `rollstream maintain`, and the stream worker's own compaction) carry rows already read
+and are skipped; in a diff, a version whose commit names a REARRANGING operation adds none.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from consumers.exceptions import MissingTableError
+
+REARRANGING = frozenset({"OPTIMIZE"})
+"""Operations that only rewrite files: every file they add holds rows of files they remove."""
 
 
 @dataclass(frozen=True)
@@ -91,33 +95,22 @@ class TableLog:
         return self._diffed(version)
 
     def _diffed(self, version: int) -> list[DataFile]:
-        now = self._files_at(version)
-        before = self._files_at(version - 1) if version > 0 else {}
+        table = self._load(version)
+        commit = table.history(1)
+        if commit and commit[0].get("operation") in REARRANGING:
+            return []
+        now = _files_of(table, version)
+        before = _files_of(self._load(version - 1), version - 1) if version > 0 else {}
         return [f for path, f in now.items() if path not in before]
 
-    def _files_at(self, version: int) -> dict[str, DataFile]:
+    def _load(self, version: int) -> DeltaTable:
         try:
-            table = DeltaTable(self.uri, version=version, storage_options=self.storage_options)
+            return DeltaTable(self.uri, version=version, storage_options=self.storage_options)
         except (TableNotFoundError, DeltaError) as exc:
             raise MissingTableError(
                 f"cannot load version {version} of {self.uri!r} ({exc}): its log entry is gone "
                 "(log retention) or the table is missing; start from a version still in the log"
             ) from exc
-        actions = table.get_add_actions(flatten=False)
-        paths = [str(p) for p in actions.column("path").to_pylist()]
-        names = actions.column_names
-        parts = actions.column("partition").to_pylist() if "partition" in names else [None] * len(paths)
-        records = actions.column("num_records").to_pylist() if "num_records" in names else [None] * len(paths)
-        files = {}
-        for path, values, count in zip(paths, parts, records, strict=True):
-            pairs = tuple(sorted((k, None if v is None else str(v)) for k, v in (values or {}).items()))
-            files[path] = DataFile(
-                path=path,
-                version=version,
-                partition_values=pairs,
-                num_records=None if count is None else int(count),
-            )
-        return files
 
     @staticmethod
     def _latest_local(log_dir: Path) -> int | None:
@@ -132,6 +125,25 @@ class TableLog:
                 return int(json.loads(last.read_text())["version"])
             return None
         return max(versions)
+
+
+def _files_of(table: DeltaTable, version: int) -> dict[str, DataFile]:
+    """The data files of `table` (loaded at `version`), by path."""
+    actions = table.get_add_actions(flatten=False)
+    paths = [str(p) for p in actions.column("path").to_pylist()]
+    names = actions.column_names
+    parts = actions.column("partition").to_pylist() if "partition" in names else [None] * len(paths)
+    records = actions.column("num_records").to_pylist() if "num_records" in names else [None] * len(paths)
+    files = {}
+    for path, values, count in zip(paths, parts, records, strict=True):
+        pairs = tuple(sorted((k, None if v is None else str(v)) for k, v in (values or {}).items()))
+        files[path] = DataFile(
+            path=path,
+            version=version,
+            partition_values=pairs,
+            num_records=None if count is None else int(count),
+        )
+    return files
 
 
 def _adds_from_commit(text: str, version: int) -> list[DataFile]:
