@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,8 +200,23 @@ class SinkState:
                 self.partitions[tp] = self._empty()
 
 
-def _history(dt: DeltaTable) -> list[dict[str, Any]]:
-    return sorted(dt.history(), key=lambda e: -int(e.get("version", -1)))
+HISTORY_PAGE = 256
+"""Commits read at first when walking the history; each further read asks for four times more."""
+
+
+def _history(dt: DeltaTable) -> Iterator[dict[str, Any]]:
+    """The table's commits, newest first, read in growing pages: a walk that stops at the newest
+    state reads a page, not a log of millions of commits (delta-rs reads every commit for
+    `history()` without a limit, about 50 us each here). Only the newest snapshot's history can
+    be paged: on a DeltaTable loaded at an older version, deltalake 1.6.6's `history(limit)`
+    returns the whole log's length, its versions counted down from the loaded one."""
+    seen, limit = 0, HISTORY_PAGE
+    while True:
+        page = sorted(dt.history(limit), key=lambda e: -int(e.get("version", -1)))
+        yield from page[seen:]
+        if len(page) < limit:
+            return
+        seen, limit = len(page), limit * 4
 
 
 def _state_of(entry: Mapping[str, Any], app_id: str) -> dict[str, Any] | None:

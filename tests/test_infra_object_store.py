@@ -117,9 +117,13 @@ def test_a_compaction_adds_no_rows_for_a_follower_of_the_table(store_settings):
     ).run()
 
     assert [(c.files_removed, c.files_added) for c in done] == [(4, 1)]
-    assert log.latest_version() == appended + 1
+    rows = pa.table({"offset": pa.array(range(32, 40), pa.int64()), "bucket": ["a"] * 8})
+    table.commit(rows, {("t", 0): 39}, {}, expected={("t", 0): 31})  # an append after the compaction
+    assert log.latest_version() == appended + 2
     assert log.added_files(appended + 1) == []
-    assert pl.read_delta(uri, storage_options=options)["offset"].sort().to_list() == list(range(32))
+    assert [f.num_records for f in log.added_files(appended + 2)] == [8]
+    assert [f.num_records for f in TableLog(uri, storage_options=options).added_files(appended)] == [8]
+    assert pl.read_delta(uri, storage_options=options)["offset"].sort().to_list() == list(range(40))
 
 
 def test_down_stops_the_object_store(tmp_path: Path):

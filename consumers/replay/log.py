@@ -59,6 +59,7 @@ class TableLog:
             None if "://" in uri and not uri.startswith("file://") else Path(uri.removeprefix("file://"))
         )
         self._table: DeltaTable | None = None
+        self._operations: dict[int, str | None] = {}
 
     def latest_version(self, *, known: int | None = None) -> int | None:
         """The newest committed version, or None when the table does not exist yet.
@@ -95,13 +96,28 @@ class TableLog:
         return self._diffed(version)
 
     def _diffed(self, version: int) -> list[DataFile]:
-        table = self._load(version)
-        commit = table.history(1)
-        if commit and commit[0].get("operation") in REARRANGING:
+        if self._operation(version) in REARRANGING:
             return []
-        now = _files_of(table, version)
+        now = _files_of(self._load(version), version)
         before = _files_of(self._load(version - 1), version - 1) if version > 0 else {}
         return [f for path, f in now.items() if path not in before]
+
+    def _operation(self, version: int) -> str | None:
+        """The operation of commit `version`, from the newest table's history: the operations of
+        every version from `version` on are read at once and kept until asked for. (On a DeltaTable
+        loaded at an older version, deltalake 1.6.6's `history()` returns the newest commits,
+        labelled with the older versions.)"""
+        if version not in self._operations:
+            if self._table is None:
+                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+            if self._table.version() < version:
+                self._table.update_incremental()
+            newest = self._table.version()
+            self._operations = {
+                int(e["version"]): e.get("operation")
+                for e in self._table.history(max(1, newest - version + 1))
+            }
+        return self._operations.pop(version, None)
 
     def _load(self, version: int) -> DeltaTable:
         try:
