@@ -183,10 +183,17 @@ class StreamWorker:
             log.exception("releasing timed-out groups failed; stopping")
             await self.crash(exc)
 
+    @property
+    def compacts(self) -> bool:
+        """Whether this worker compacts the tables: the one of its group holding partition 0 of the
+        first lane's topic, so that the group's workers do not all rewrite the same files."""
+        first = next(iter(self.lanes.values()))
+        return (first.intake.topic, 0) in first.intake.assignment()
+
     async def compact(self) -> None:
         """Compact the tables' small files in a thread of their own; a failure only logs."""
         for compactor in self.compactors:
-            if not self.preflight.passed or self.should_stop:
+            if not self.preflight.passed or self.should_stop or not self.compacts:
                 return
             try:
                 self.metrics.compacted(await asyncio.to_thread(compactor.run))

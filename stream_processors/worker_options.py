@@ -53,7 +53,8 @@ class WorkerOptions:
         compact_files, compact_target_bytes, compact_every_s: every `compact_every_s` the worker
             compacts each partition of its tables that holds `compact_files` files smaller than
             `compact_target_bytes` into files of about that size (compaction.py), so small commits
-            do not slow its commits down over hours; `compact_files` 0 never compacts.
+            do not slow its commits down over hours; `compact_files` 0 never compacts. Of a
+            group, the worker holding partition 0 of `raw_topic` compacts.
         raw_buffer_bytes: bound of the raw messages held (judged, in pending groups or in flight,
             not yet committed): above it fetching rollouts.raw pauses, and resumes at half. The
             intake adds one batch read ahead and librdkafka's prefetch queue (64 MiB per lane).

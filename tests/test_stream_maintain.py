@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import polars as pl
 import pytest
 from deltalake import DeltaTable
@@ -56,8 +59,14 @@ def test_maintain_while_the_processor_writes_loses_and_doubles_nothing(
     assert frame["trajectory_id"].n_unique() == len(records)
 
 
-@pytest.mark.slow(30)
-def test_the_worker_compacts_its_small_files_while_it_writes(
+def _last_assignment(log: Path) -> list[str]:
+    """The partitions of the worker's newest assignment of its raw topic, as logged."""
+    found = re.findall(r"assigned partitions \[([\d, ]*)\]", log.read_text())
+    return found[-1].split(", ") if found else []
+
+
+@pytest.mark.slow(35)
+def test_one_worker_of_a_group_compacts_the_small_files_while_they_write(
     bootstrap_servers, make_topic, group_name, tmp_path
 ):
     raw = make_topic("compact-raw", partitions=2)
@@ -69,13 +78,22 @@ def test_the_worker_compacts_its_small_files_while_it_writes(
     records = records[: len(records) - len(records) % 4]
     lake, logs = tmp_path / "lake", tmp_path / "logs"
     logs.mkdir()
-    traj, log = lake / "trajectories", logs / "worker.log"
+    traj = lake / "trajectories"
     extra = ["--compact-files", "4", "--compact-every", "0.5", "--idle-commit", "0.05"]
-    proc = start_worker(
-        bootstrap_servers, lake, raw, dlq, "compact-e2e", group_name("compact"), log, extra=extra
-    )
+    group = group_name("compact")
+    workers = []
+    for i in range(2):
+        log = logs / f"worker-{i}.log"
+        workers.append(
+            (start_worker(bootstrap_servers, lake, raw, dlq, "compact-e2e", group, log, extra=extra), log)
+        )
     chunks = [records[i : i + 40] for i in range(0, len(records), 40)]
+    (proc, log), (_, other_log) = workers
     try:
+        wait_for(
+            lambda: sorted(_last_assignment(log) + _last_assignment(other_log)) == ["0", "1"],
+            120, proc, log, "a partition for each worker",
+        )  # fmt: skip
         published = 0
         for n, chunk in enumerate(chunks):  # one small commit per chunk: files pile up in every bucket
             publish(bootstrap_servers, raw, [(r["group_id"].encode(), codec.encode(r)) for r in chunk])
@@ -84,12 +102,14 @@ def test_the_worker_compacts_its_small_files_while_it_writes(
         operations = lambda: [c.get("operation") for c in DeltaTable(str(traj)).history()]  # noqa: E731
         wait_for(lambda: "OPTIMIZE" in operations(), 60, proc, log, "a compaction")
     finally:
-        assert stop_worker(proc, log) == 0, log.read_text()[-3000:]
+        for worker, worker_log in workers:
+            assert stop_worker(worker, worker_log) == 0, worker_log.read_text()[-3000:]
     history = operations()
     writes = history.count("WRITE")
     assert writes >= len(chunks), history  # at least a commit per chunk
     files = len(DeltaTable(str(traj)).file_uris())
-    assert "compacted bucket=" in log.read_text()
+    compacting = [w for w in (log, other_log) if "compacted bucket=" in w.read_text()]
+    assert compacting == [log if _last_assignment(log) == ["0"] else other_log]  # partition 0's worker
     frame = pl.read_delta(str(traj))
     assert frame.height == len(records) and frame["trajectory_id"].n_unique() == len(records)
     assert files < writes, (files, writes)  # without compaction: a file per bucket per commit
