@@ -11,12 +11,14 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from consumers.exceptions import AnalyticsError
+from schemas.history import newest_first
 
 TABLES: tuple[str, ...] = ("trajectories", "dead_letters", "executions", "rescores")
 """The tables the pipeline writes under the lake, in flow order."""
@@ -73,15 +75,15 @@ def version_at(uri: str, when: datetime, *, storage_options: Mapping[str, str] |
     if when.tzinfo is None:
         raise AnalyticsError(f"--as-of {when.isoformat()} has no time zone: add one, e.g. +00:00")
     stamp_ms = when.timestamp() * 1000
-    history = DeltaTable(uri, storage_options=dict(storage_options) if storage_options else None).history()
-    before = [h["version"] for h in history if h.get("timestamp", 0) <= stamp_ms]
-    if not before:
-        first = min(history, key=lambda h: h["version"])
-        raise AnalyticsError(
-            f"{uri} did not exist at {when.isoformat()}: its first commit is at "
-            f"{datetime.fromtimestamp(first['timestamp'] / 1000, tz=when.tzinfo).isoformat()}"
-        )
-    return int(max(before))
+    table = DeltaTable(uri, storage_options=dict(storage_options) if storage_options else None)
+    first: dict[str, Any] = {}
+    for first in newest_first(table):  # the newest commit made by then, without reading the whole log
+        if first.get("timestamp", 0) <= stamp_ms:
+            return int(first["version"])
+    raise AnalyticsError(
+        f"{uri} did not exist at {when.isoformat()}: its first commit is at "
+        f"{datetime.fromtimestamp(first.get('timestamp', 0) / 1000, tz=when.tzinfo).isoformat()}"
+    )
 
 
 def query(

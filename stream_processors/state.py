@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltalake import DeltaTable
-
 from schemas.defaults import StreamDefaults
+from schemas.history import newest_first
 from schemas.tables import DEAD_LETTERS_SCHEMA, EXECUTIONS_SCHEMA, TRAJECTORIES_SCHEMA
 from stream_processors.domain_stats import DomainStats, RunningStats, merge
 from stream_processors.offsets import Coordinates, TopicPartition, TxnTable
@@ -165,7 +164,7 @@ class SinkState:
                 self.partitions[tp] = self._empty()
             return
         chains: dict[TopicPartition, TaskChain] = {}
-        for entry in _history(dt):
+        for entry in newest_first(dt):
             body = _state_of(entry, self.app_id)
             if body is None:
                 continue
@@ -200,25 +199,6 @@ class SinkState:
                 self.partitions[tp] = self._empty()
 
 
-HISTORY_PAGE = 256
-"""Commits read at first when walking the history; each further read asks for four times more."""
-
-
-def _history(dt: DeltaTable) -> Iterator[dict[str, Any]]:
-    """The table's commits, newest first, read in growing pages: a walk that stops at the newest
-    state reads a page, not a log of millions of commits (delta-rs reads every commit for
-    `history()` without a limit, about 50 us each here). Only the newest snapshot's history can
-    be paged: on a DeltaTable loaded at an older version, deltalake 1.6.6's `history(limit)`
-    returns the whole log's length, its versions counted down from the loaded one."""
-    seen, limit = 0, HISTORY_PAGE
-    while True:
-        page = sorted(dt.history(limit), key=lambda e: -int(e.get("version", -1)))
-        yield from page[seen:]
-        if len(page) < limit:
-            return
-        seen, limit = len(page), limit * 4
-
-
 def _state_of(entry: Mapping[str, Any], app_id: str) -> dict[str, Any] | None:
     raw = entry.get(STATE_KEY)
     if not isinstance(raw, str):
@@ -234,7 +214,7 @@ def stored_partitions(table: TxnTable, app_id: str) -> dict[TopicPartition, Part
     if dt is None:
         return {}
     wanted: set[TopicPartition] = set()
-    for entry in _history(dt):
+    for entry in newest_first(dt):
         body = _state_of(entry, app_id)
         if body is not None:
             wanted.update(_tp(k) for k in body.get("partitions", {}))
@@ -247,7 +227,7 @@ def stored_topic_ids(table: TxnTable, app_id: str) -> dict[str, str]:
     dt = table.refresh()
     if dt is None:
         return {}
-    for entry in _history(dt):
+    for entry in newest_first(dt):
         body = _state_of(entry, app_id)
         if body is not None:
             return {str(k): str(v) for k, v in body.get("topic_ids", {}).items()}
@@ -275,7 +255,7 @@ def reset_topic(
     dt = table.refresh()
     newest: list[TopicPartition] = []
     topic_ids: dict[str, str] = {}
-    for entry in _history(dt) if dt is not None else ():
+    for entry in newest_first(dt) if dt is not None else ():
         body = _state_of(entry, table.app_id)
         if body is not None:
             newest = [_tp(key) for key in body.get("partitions", {})]

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from stream_processors import state as state_module
+from schemas import history as history_module
 from stream_processors.offsets import TxnTable
 from stream_processors.state import SinkState
 
@@ -35,7 +35,7 @@ def test_the_state_is_found_a_page_at_a_time(tmp_path: Path, monkeypatch: pytest
         return history(self, limit)
 
     monkeypatch.setattr(DeltaTable, "history", recording)
-    monkeypatch.setattr(state_module, "HISTORY_PAGE", 4)
+    monkeypatch.setattr(history_module, "HISTORY_PAGE", 4)
 
     old = SinkState(APP)
     old.load(table, [("t", 0)])
