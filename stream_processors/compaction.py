@@ -92,52 +92,42 @@ class Compactor:
         """
         try:
             table = self._table.newest()
-            due = (
-                []
-                if table is None
-                else [value for value, count in self.small_files(table).items() if count >= self.min_files]
-            )
+            counts = self.small_files(table) if table is not None else Counter[str | None]()
         except (DeltaError, OSError) as exc:
             log.warning("%s: could not list its files for compaction: %s", self.uri, exc)
             return []
-        done = []
-        for value in sorted(due, key=str):
-            assert table is not None
-            filters = (
-                None if self.partition_by is None or value is None else [(self.partition_by, "=", value)]
+        if table is None:
+            return []
+        due = sorted((value for value, count in counts.items() if count >= self.min_files), key=str)
+        return [c for c in (self._compact(table, value) for value in due) if c is not None]
+
+    def _compact(self, table: DeltaTable, value: str | None) -> Compacted | None:
+        """Compact the partition `value` of `table` (all of it for None); None when that failed."""
+        where = f"{self.partition_by}={value}" if self.partition_by else "the table"
+        filters = None if self.partition_by is None or value is None else [(self.partition_by, "=", value)]
+        started = time.perf_counter()
+        try:
+            metrics = table.optimize.compact(
+                partition_filters=filters,
+                target_size=self.target_bytes,
+                max_concurrent_tasks=1,
+                writer_properties=self.writer_properties,
             )
-            started = time.perf_counter()
-            try:
-                metrics = table.optimize.compact(
-                    partition_filters=filters,
-                    target_size=self.target_bytes,
-                    max_concurrent_tasks=1,
-                    writer_properties=self.writer_properties,
-                )
-            except CommitFailedError as exc:
-                log.info(
-                    "%s: compaction of %s=%s lost to a concurrent commit (%s)",
-                    self.uri,
-                    self.partition_by,
-                    value,
-                    exc,
-                )
-                continue
-            except (DeltaError, OSError) as exc:
-                log.warning("%s: compaction of %s=%s failed: %s", self.uri, self.partition_by, value, exc)
-                continue
-            done.append(
-                Compacted(
-                    self.uri,
-                    value,
-                    int(metrics.get("numFilesRemoved", 0)),
-                    int(metrics.get("numFilesAdded", 0)),
-                    time.perf_counter() - started,
-                )
-            )
-        for c in done:
-            log.info(
-                "%s: compacted %s=%s: %d files into %d in %.2f s",
-                c.table, self.partition_by, c.partition, c.files_removed, c.files_added, c.seconds,
-            )  # fmt: skip
+        except CommitFailedError as exc:
+            log.info("%s: compaction of %s lost to a concurrent commit (%s)", self.uri, where, exc)
+            return None
+        except (DeltaError, OSError) as exc:
+            log.warning("%s: compaction of %s failed: %s", self.uri, where, exc)
+            return None
+        done = Compacted(
+            self.uri,
+            value,
+            int(metrics.get("numFilesRemoved", 0)),
+            int(metrics.get("numFilesAdded", 0)),
+            time.perf_counter() - started,
+        )
+        log.info(
+            "%s: compacted %s: %d files into %d in %.2f s",
+            self.uri, where, done.files_removed, done.files_added, done.seconds,
+        )  # fmt: skip
         return done

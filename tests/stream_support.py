@@ -18,6 +18,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from deltalake import DeltaTable
 
+from producers.fleet import SyntheticFleet
+
 REPO = Path(__file__).resolve().parents[1]
 BIG = {"message.max.bytes": 67_108_864}
 SOAK = os.environ.get("ROLLSTREAM_SOAK") == "1"
@@ -126,6 +128,17 @@ def stop_worker(proc: subprocess.Popen, log: Path) -> int:
         proc.kill()
         proc.wait(timeout=10)
         raise AssertionError(f"worker ignored SIGTERM for 60 s; log:\n{log.read_text()[-3000:]}") from None
+
+
+def non_code_records(seed: int, trajectories: int) -> list[dict[str, Any]]:
+    """Whole groups of 4 of the fleet's math, extraction and precomputed trajectories (no sandbox
+    runs), drawn from `trajectories` fleet records."""
+    records = [
+        r
+        for r in SyntheticFleet(seed=seed, group_size=4).trajectories(trajectories)
+        if r["task_type"] in ("math", "extraction", "precomputed")
+    ]
+    return records[: len(records) - len(records) % 4]
 
 
 def table_rows(uri: Path) -> int:

@@ -10,6 +10,7 @@ import pytest
 from deltalake import DeltaTable
 from stream_support import (
     group_name_fixture,  # noqa: F401 (provides the group_name fixture)
+    non_code_records,
     publish,
     start_worker,
     stop_worker,
@@ -18,12 +19,10 @@ from stream_support import (
 )
 
 from infra.maintenance import maintain_table
-from producers.fleet import SyntheticFleet
 from schemas import TrajectoryCodec
 
 pytestmark = pytest.mark.timeout(600)
 APP_ID = "maintain-e2e"
-NON_CODE = ("math", "extraction", "precomputed")  # no sandbox runs: upkeep is what this test is about
 
 
 @pytest.mark.slow(39)
@@ -33,9 +32,7 @@ def test_maintain_while_the_processor_writes_loses_and_doubles_nothing(
     raw = make_topic("maintain-raw", partitions=4)
     dlq = make_topic("maintain-dlq", partitions=1, config={"max.message.bytes": "67108864"})
     codec = TrajectoryCodec()
-    fleet = SyntheticFleet(seed=5, group_size=4)
-    records = [r for r in fleet.trajectories(3_000) if r["task_type"] in NON_CODE]
-    records = records[: len(records) - len(records) % 4]
+    records = non_code_records(5, 3_000)  # no sandbox runs: upkeep is what this test is about
     first, second = records[: len(records) // 2], records[len(records) // 2 :]
     lake, logs = tmp_path / "lake", tmp_path / "logs"
     logs.mkdir()
@@ -85,10 +82,7 @@ def test_one_worker_of_a_group_compacts_the_small_files_while_they_write(
     raw = make_topic("compact-raw", partitions=2)
     dlq = make_topic("compact-dlq", partitions=1, config={"max.message.bytes": "67108864"})
     codec = TrajectoryCodec()
-    records = [
-        r for r in SyntheticFleet(seed=6, group_size=4).trajectories(1_200) if r["task_type"] in NON_CODE
-    ]
-    records = records[: len(records) - len(records) % 4]
+    records = non_code_records(6, 1_200)
     lake, logs = tmp_path / "lake", tmp_path / "logs"
     logs.mkdir()
     traj = lake / "trajectories"

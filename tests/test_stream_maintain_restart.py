@@ -27,6 +27,7 @@ from stream_support import (
     REPO,
     group_caught_up,
     group_name_fixture,  # noqa: F401 (provides the group_name fixture)
+    non_code_records,
     publish,
     read_topic,
     start_worker,
@@ -36,13 +37,11 @@ from stream_support import (
 )
 
 from infra.cli import main
-from producers.fleet import SyntheticFleet
 from producers.malformed import malformed_messages
 from schemas import TrajectoryCodec
 
 pytestmark = pytest.mark.timeout(600)
 APP_ID = "maintain-restart"
-NON_CODE = ("math", "extraction", "precomputed")  # no sandbox runs: the offsets are what is tested
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SUMMARY = re.compile(r"records in (\d+), rows written (\d+), dead letters (\d+), replays skipped (\d+)")
 
@@ -99,10 +98,7 @@ def test_restart_under_a_new_group_after_maintain_writes_nothing_twice(
     raw = make_topic("restart-raw", partitions=2)
     dlq = make_topic("restart-dlq", partitions=1, config={"max.message.bytes": "67108864"})
     codec = TrajectoryCodec()
-    records = [
-        r for r in SyntheticFleet(seed=11, group_size=4).trajectories(400) if r["task_type"] in NON_CODE
-    ]
-    records = records[: len(records) - len(records) % 4]
+    records = non_code_records(11, 400)
     bad = list(malformed_messages(11, 14, codec=codec))
     lake, logs = tmp_path / "lake", tmp_path / "logs"
     logs.mkdir()
