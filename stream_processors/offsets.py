@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction, WriterProperties, write_deltalake
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    Schema,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from schemas.newest_table import NewestTable
@@ -36,6 +44,16 @@ from stream_processors.exceptions import SinkError, StreamProcessorError
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+
+APPEND_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+"""delta-rs's hooks after each append: its checkpoint every 100 versions, but not its expired-log
+cleanup, which lists the whole `_delta_log` after every commit to find logs older than the
+table's retention (30 days by default). On a local disk (and on MinIO) a listing costs in
+proportion to the log's length: with 2,062 log entries an append took 28 to 44 ms with the
+cleanup and 12 ms without (deltalake 1.6.6, here). `TxnTable` runs the cleanup itself once every
+CLEANUP_EVERY versions."""
+CLEANUP_EVERY = 100
+"""Versions between two expired-log cleanups of a TxnTable (delta-rs's checkpoint interval)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -106,6 +124,7 @@ class TxnTable:
         self.storage_options = dict(storage_options) if storage_options else None
         self.commit_retries = commit_retries
         self._table = NewestTable(uri, storage_options)
+        self._cleaned = -CLEANUP_EVERY
         self.writer_properties = writer_properties or WriterProperties(compression="ZSTD")
 
     def refresh(self) -> DeltaTable | None:
@@ -192,6 +211,7 @@ class TxnTable:
                 storage_options=self.storage_options,
                 writer_properties=self.writer_properties,
                 commit_properties=properties,
+                post_commithook_properties=APPEND_HOOKS,
             )
         except CommitFailedError as exc:
             attempt += 1
@@ -206,7 +226,26 @@ class TxnTable:
             raise SinkError(
                 f"appending {data.num_rows} rows to {self.uri} failed: {exc}{_missing_hint(table, data)}"
             ) from exc
+        if table is not None:
+            self._remove_expired_logs(table)
         return 0
+
+    def _remove_expired_logs(self, table: DeltaTable) -> None:
+        """Every CLEANUP_EVERY versions, delete the log files older than the table's log retention
+        that lie before its newest checkpoint (what delta-rs's hook would do after every commit);
+        a failure only logs, the next run tries again."""
+        if table.version() - self._cleaned < CLEANUP_EVERY:
+            return
+        self._cleaned = table.version()
+        try:
+            table.cleanup_metadata()
+        except (DeltaError, OSError) as exc:
+            log.warning(
+                "%s: removing expired log files failed (%s); retrying in %d versions",
+                self.uri,
+                exc,
+                CLEANUP_EVERY,
+            )
 
     def _add_columns(self, table: DeltaTable, schema: pa.Schema) -> None:
         """Add the columns of `schema` the table lacks, at its end, in a commit of their own.
