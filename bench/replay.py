@@ -12,12 +12,12 @@ by weight without replacement, sorted by length, cut greedily so that no batch w
   once every row is in (`min_size`), as the baselines' first batch waits for their load: from
   the first files read it would deliver the same tokens out of two of the eight versions (mean
   lag 6.8 against 1.1 here), a different workload. It holds the whole table, as the baselines
-  do (no capacity bound: the default 8M tokens evicted a third of a 12,000-row table, mean lag
-  0.69 against 1.04). `<side>_mean_lag` and `<side>_distinct_rows` in the JSON show every side
-  did the same workload, and the bench stops when they differ (`same_workload`). Files are read by Arrow's Parquet reader on a
-  pool of two threads (one file per thread, up to two versions ahead) into flat offsets and
-  values (views of Arrow's decoded buffers, not copies); a batch copies each kept row piece once,
-  straight from them.
+  do: no capacity bound, since the default 8M tokens would evict the oldest rows of a larger
+  table. `<side>_mean_lag` and `<side>_distinct_rows` in the JSON show every side did the same
+  workload, and the bench stops when they differ (`same_workload`). Files are read by Arrow's
+  Parquet reader on a pool of two threads (one file per thread, up to two versions ahead) into
+  flat offsets and values (views of Arrow's decoded buffers, not copies); a batch copies each
+  kept row piece once, straight from them.
 - torchrl: TorchRL 0.14.1 `ReplayBuffer` over a ragged `ListStorage` (one item per row: views into
   three flat tensors, so no per-row copy), `LengthGroupedSampler` (below, on TorchRL's `Sampler`
   API) and `pad_collate`. Made fast: the table's files read by Arrow's Parquet reader
