@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from deltalake import DeltaTable
@@ -29,6 +30,7 @@ class NewestTable:
         self.storage_options = dict(storage_options) if storage_options else None
         self._table: DeltaTable | None = None
         self._loaded = 0
+        self._log_dir = _local_log_dir(uri)
 
     def newest(self) -> DeltaTable | None:
         """The table at its newest version, or None while it does not exist.
@@ -36,10 +38,30 @@ class NewestTable:
         Raises what deltalake raises (DeltaError, OSError) when the table cannot be read.
         """
         if self._table is not None and self._table.version() - self._loaded < RELOAD_VERSIONS:
-            self._table.update_incremental()
+            if not self._newest_already(self._table):
+                self._table.update_incremental()
         elif self._table is not None or DeltaTable.is_deltatable(
             self.uri, storage_options=self.storage_options
         ):
             self._table = DeltaTable(self.uri, storage_options=self.storage_options)
             self._loaded = self._table.version()
         return self._table
+
+    def _newest_already(self, table: DeltaTable) -> bool:
+        """True when `table` is a local table's newest version: the log has no next commit file.
+
+        One `stat` instead of `update_incremental`, which on a local disk lists the whole
+        `_delta_log` (object_store's local listing cannot start after a key) at about 3.5 us per
+        log file here (6 ms per call with 2,560 log files, deltalake 1.6.6). An object store's listing
+        starts after the version held, so there `update_incremental` is asked every time.
+        """
+        if self._log_dir is None:
+            return False
+        return not os.path.exists(os.path.join(self._log_dir, f"{table.version() + 1:020d}.json"))
+
+
+def _local_log_dir(uri: str) -> str | None:
+    """The `_delta_log` directory of a table on a local disk; None for an object store."""
+    if uri.startswith("file://"):
+        return os.path.join(uri.removeprefix("file://"), "_delta_log")
+    return None if "://" in uri else os.path.join(uri, "_delta_log")
