@@ -6,10 +6,11 @@ with auto.create.topics.enable create it with default settings.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from stream_processors.exceptions import BrokerUnavailableError, StreamProcessorError
@@ -25,6 +26,21 @@ class OffsetStore(Protocol):
 
 KafkaClient = Mapping[str, Any] | None
 """librdkafka settings added to every client (``settings.kafka_client``: security, SASL, TLS)."""
+
+
+RETRY_S = 0.2
+"""The wait before asking again after a retriable broker error."""
+
+
+LEADER_ERRORS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+"""Errors of a partition whose leader the broker does not know yet (a topic created a moment ago)."""
+
+
+def _retriable(exc: Exception) -> bool:
+    """Whether a failed broker request may succeed when asked again: librdkafka flags it
+    retriable, or it is one of LEADER_ERRORS (whatever the flag says)."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in LEADER_ERRORS)
 
 
 def _reason(exc: Exception) -> str:
@@ -80,18 +96,27 @@ def high_watermarks(
     timeout_s: float = 15.0,
     kafka_client: KafkaClient = None,
 ) -> dict[tuple[str, int], int]:
-    """The offset the next message of each partition of `topics` will get."""
+    """The offset the next message of each partition of `topics` will get.
+
+    A retriable error (a topic created a moment ago whose leader the broker does not know yet:
+    NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE) is asked again every RETRY_S within `timeout_s`.
+    """
     counts = topic_partitions(bootstrap_servers, topics, timeout_s=timeout_s, kafka_client=kafka_client)
     request = {TopicPartition(t, p): OffsetSpec.latest() for t, n in counts.items() for p in range(n)}
     client = admin(bootstrap_servers, kafka_client)
-    try:
-        futures = client.list_offsets(request, request_timeout=timeout_s)
-        return {(tp.topic, tp.partition): f.result(timeout=timeout_s).offset for tp, f in futures.items()}
-    except (KafkaException, TimeoutError) as exc:
-        raise BrokerUnavailableError(
-            f"could not read the end offsets of {sorted(counts)} from {bootstrap_servers}: "
-            f"{_reason(exc)}; check the broker"
-        ) from exc
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            futures = client.list_offsets(request, request_timeout=timeout_s)
+            return {(tp.topic, tp.partition): f.result(timeout=timeout_s).offset for tp, f in futures.items()}
+        except (KafkaException, TimeoutError) as exc:
+            if _retriable(exc) and time.monotonic() + RETRY_S < deadline:
+                time.sleep(RETRY_S)
+                continue
+            raise BrokerUnavailableError(
+                f"could not read the end offsets of {sorted(counts)} from {bootstrap_servers}: "
+                f"{_reason(exc)}; check the broker"
+            ) from exc
 
 
 def topic_ids(

@@ -95,3 +95,30 @@ def test_stored_offsets_ahead_of_a_topic_are_refused(bootstrap_servers, make_top
         f"trajectories table stored offset 100 for {raw}[0], but that partition ends at offset 3" in message
     )
     assert "new lake directory" in message and "new app_id" in message
+
+
+def test_end_offsets_are_asked_again_while_a_new_partition_has_no_leader(
+    bootstrap_servers, make_topic, monkeypatch
+):
+    """A topic created a moment ago can answer NOT_LEADER_FOR_PARTITION; preflight asks again."""
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    topic = make_topic("leaderless", partitions=2)
+    publish(bootstrap_servers, topic, [(b"k", b"v")] * 3)  # one key: one partition
+    real = AdminClient.list_offsets
+    refused: list[int] = []
+
+    def list_offsets(self, request, **kwargs):
+        if len(refused) < 2:  # as the broker answers before the leader is known
+            refused.append(1)
+            failed: Future = Future()
+            failed.set_exception(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)))
+            return {tp: failed for tp in request}
+        return real(self, request, **kwargs)
+
+    monkeypatch.setattr(AdminClient, "list_offsets", list_offsets)
+    ends = high_watermarks(bootstrap_servers, [topic])
+    assert set(ends) == {(topic, 0), (topic, 1)} and sorted(ends.values()) == [0, 3]
+    assert len(refused) == 2
