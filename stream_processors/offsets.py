@@ -152,10 +152,10 @@ class TxnTable:
 
         delta-rs answers `transaction_version` by reading the log from the newest checkpoint on,
         each call: about 2 ms here 33 versions past a checkpoint, 6.6 ms for an app id the table
-        lacks (deltalake 1.6.6), so a fence over 16 partitions cost 25 ms per commit. The txn
-        versions at one version of one table (its metadata id: a table made anew at the same
-        location is another) never change, and our own append carries them to the version it
-        wrote (`_carry`), so a writer alone on its table reads none of them again."""
+        lacks (deltalake 1.6.6); asked on every commit, a fence over 16 partitions costs about
+        25 ms. The txn versions at one version of one table (its metadata id: a table made anew
+        at the same location is another) never change, and our own append carries them to the
+        version it wrote (`_carry`), so a writer alone on its table reads none of them again."""
         at = (str(table.metadata().id), table.version())
         with self._txns_lock:
             if self._txns_at == at and app in self._txns:

@@ -3,10 +3,13 @@ RELOAD_VERSIONS versions (a DeltaTable that follows a table for long gets slower
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from schemas import newest_table
+from schemas.local_table import commit_file, local_path
 from schemas.newest_table import NewestTable
 
 
@@ -51,6 +54,7 @@ def test_a_local_table_with_no_newer_commit_is_not_listed_again(tmp_path, monkey
 
 
 def test_only_a_local_table_is_probed_for_its_next_commit():
-    assert newest_table._local_log_dir("s3://bucket/lake/t") is None
-    assert newest_table._local_log_dir("file:///lake/t") == "/lake/t/_delta_log"
-    assert newest_table._local_log_dir("/lake/t") == "/lake/t/_delta_log"
+    assert local_path("s3://bucket/lake/t") is None
+    assert local_path("file:///lake/t") == Path("/lake/t")
+    assert local_path("/lake/t") == Path("/lake/t")
+    assert commit_file(Path("/lake/t"), 7) == Path("/lake/t/_delta_log/00000000000000000007.json")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import Future
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from stream_support import publish
 
@@ -101,10 +103,6 @@ def test_end_offsets_are_asked_again_while_a_new_partition_has_no_leader(
     bootstrap_servers, make_topic, monkeypatch
 ):
     """A topic created a moment ago can answer NOT_LEADER_FOR_PARTITION; preflight asks again."""
-    from concurrent.futures import Future
-
-    from confluent_kafka import KafkaError, KafkaException
-
     topic = make_topic("leaderless", partitions=2)
     publish(bootstrap_servers, topic, [(b"k", b"v")] * 3)  # one key: one partition
     real = AdminClient.list_offsets

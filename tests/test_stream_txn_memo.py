@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from stream_processors.offsets import ConcurrentWriterError, TxnTable
+from stream_processors.offsets import ConcurrentWriterError, TxnTable, txn_app_id
 
 ROW = pa.table({"x": pa.array([1], pa.int64())})
 PARTS = [("t", p) for p in range(4)]
@@ -42,7 +42,7 @@ def test_a_writer_alone_reads_no_txn_version_back_after_its_first_commit(
     assert len(lookups) == asked, f"{len(lookups) - asked} txn versions read back by a writer alone"
     assert {tp: table.stored_offset(*tp) for tp in PARTS} == {tp: 11 for tp in PARTS}
     fresh = DeltaTable(str(tmp_path / "t"))
-    assert fresh.version() == 11 and fresh.transaction_version('["memo","t",3]') == 11
+    assert fresh.version() == 11 and fresh.transaction_version(txn_app_id("memo", "t", 3)) == 11
 
 
 def test_a_commit_by_another_writer_makes_the_fence_read_the_table(

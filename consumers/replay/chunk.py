@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from consumers.batching import RaggedColumn, loss_mask_column
 from consumers.exceptions import PolicyInputError, TokenRangeError
 from consumers.replay.log import DataFile
+from schemas.local_table import local_path
 from schemas.tables import TRAJECTORIES_SCHEMA
 
 CHUNK_COLUMNS = [
@@ -173,7 +174,7 @@ def _read_columns(
     predates (`loss_mask`, `version_spans`) come back as nulls.
     """
     wanted = _arrow_schema(columns)
-    local = _local_path(path)
+    local = local_path(path)
     if local is None:
         frame = pl.scan_parquet(
             path,
@@ -185,7 +186,7 @@ def _read_columns(
         ).collect()
         table = frame.to_arrow()
     else:
-        parquet = pq.ParquetFile(local)
+        parquet = pq.ParquetFile(str(local))
         present = set(parquet.schema_arrow.names)
         table = parquet.read(columns=[c for c in columns if c in present], use_threads=use_threads)
         for name in columns:
@@ -195,12 +196,6 @@ def _read_columns(
                 )
     table = table.select(list(columns))
     return table if table.schema.equals(wanted) else table.cast(wanted)
-
-
-def _local_path(path: str) -> str | None:
-    if path.startswith("file://"):
-        return path.removeprefix("file://")
-    return None if "://" in path else path
 
 
 def _trainable(table: pa.Table, statuses: Sequence[str]) -> pa.Table:

@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from consumers.exceptions import MissingTableError
+from schemas.local_table import commit_file, local_path
 
 REARRANGING = frozenset({"OPTIMIZE"})
 """Operations that only rewrite files: every file they add holds rows of files they remove."""
@@ -55,9 +56,7 @@ class TableLog:
     def __init__(self, uri: str, *, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options) if storage_options else None
-        self._local = (
-            None if "://" in uri and not uri.startswith("file://") else Path(uri.removeprefix("file://"))
-        )
+        self._local = local_path(uri)
         self._table: DeltaTable | None = None
         self._operations: dict[int, str | None] = {}
 
@@ -68,11 +67,10 @@ class TableLog:
         check per new commit, instead of listing a log directory that grows with the table.
         """
         if self._local is not None:
-            log_dir = self._local / "_delta_log"
             if known is None:
-                return self._latest_local(log_dir)
+                return self._latest_local(self._local / "_delta_log")
             latest = known
-            while (log_dir / f"{latest + 1:020d}.json").exists():
+            while commit_file(self._local, latest + 1).exists():
                 latest += 1
             return latest
         try:
@@ -87,7 +85,7 @@ class TableLog:
     def added_files(self, version: int) -> list[DataFile]:
         """The data files version `version` added (data changes only), in commit order."""
         if self._local is not None:
-            commit = self._local / "_delta_log" / f"{version:020d}.json"
+            commit = commit_file(self._local, version)
             try:
                 text = commit.read_text()
             except FileNotFoundError:
