@@ -6,7 +6,8 @@ favours whoever runs second). Each measurement is a `Sample`: items done, the wi
 seconds and the CPU seconds the side spent (its own process and children, or what it reports).
 `summary` folds the rounds: per-round ratio ``ours_i / best baseline_i``, the median as ``ratio``,
 the spread, each side's median throughput and CPU seconds per item, and the machine's load
-average before and after.
+average before and after. With several baselines it also gives ``ratio_vs_<baseline>`` (and its
+``_min`` / ``_max``): the median of ``ours_i / that baseline_i``.
 """
 
 from __future__ import annotations
@@ -110,8 +111,18 @@ def summary(
         "load_before": load_before,
         "load_after": load_average(),
     }
+    if len(baselines) > 1:  # against each baseline alone too: a target may name one of them
+        for name in baselines:
+            alone = [
+                samples[ours][i].rate / samples[name][i].rate if samples[name][i].rate else 0.0
+                for i in range(rounds)
+            ]
+            key = _key(name)
+            result[f"ratio_vs_{key}"] = round(statistics.median(alone), 3)
+            result[f"ratio_vs_{key}_min"] = round(min(alone), 3)
+            result[f"ratio_vs_{key}_max"] = round(max(alone), 3)
     for name, side in samples.items():
-        key = name.replace("-", "_").replace(" ", "_")
+        key = _key(name)
         result[f"{key}_per_s"] = round(statistics.median(s.rate for s in side), 1)
         result[f"{key}_per_s_rounds"] = [round(s.rate, 1) for s in side]
         result[f"{key}_cpu_s_per_item"] = round(statistics.median(s.cpu_per_item for s in side), 7)
@@ -119,6 +130,11 @@ def summary(
             values = [s.extra[extra] for s in side if extra in s.extra]
             result[f"{key}_{extra}"] = round(statistics.median(values), 4)
     return result
+
+
+def _key(name: str) -> str:
+    """A side's name as a JSON key part (snake_case)."""
+    return name.replace("-", "_").replace(" ", "_")
 
 
 def commit() -> str:
