@@ -10,12 +10,13 @@ output and the targets, and the last stdout line every bench's ratios and the ta
 Benches that need a broker (process, scale, lanes) use ROLLSTREAM_KAFKA__BOOTSTRAP_SERVERS, or this
 script starts one on free loopback ports for the whole run (bench/local_broker.py).
 `scale-3-brokers` runs scale.py on a 3-node cluster (replication 3, min.insync 2) that this
-script starts for it alone and stops after it. score runs 5 rounds and replay 9 instead of their
+script starts for it alone and stops after it. score runs 5 rounds and replay 15 instead of their
 3: a round of either lasts about a second, and their per-round ratios spread widely on a shared
-machine (replay's 1.25 to 1.82 over 5 rounds at dc551f3). process runs its default 30,000
-trajectories over 5 rounds: at 15,000, ours' window was about 2 s and its rate spread 6,041 to
-9,476/s over 3 rounds at dc551f3. The default sizes keep the whole run within 40 minutes on a
-2-core machine;
+machine (replay's 0.68 to 1.63 over 9 rounds at c93170d, its figure against TorchRL 1.65 in one
+run and 1.44 in the next). process runs its default 30,000 trajectories over 9 rounds: at 15,000,
+ours' window was about 2 s and its rate spread 6,041 to 9,476/s over 3 rounds at dc551f3, and
+over 5 rounds at c93170d the ratio still spread from 0.48 to 0.72. The default sizes keep the
+whole run within 40 minutes on a 2-core machine (about 14 minutes here before these rounds);
 `--quick` is a check that every bench runs, `--args NAME="..."` replaces one bench's arguments.
 
     python bench/all.py [--quick] [--only process,codec] [--args process="--rounds 2"] [--json]
@@ -77,7 +78,7 @@ BENCHES = (
         "rollstream process",
         "consumer + write_deltalake (serial, threaded)",
         "trajectories",
-        default=("--trajectories", "30000", "--rounds", "5", "--backlog", "20000", "--latency-seconds", "15"),
+        default=("--trajectories", "30000", "--rounds", "9", "--backlog", "20000", "--latency-seconds", "15"),
         quick=(
             "--trajectories",
             "5000",
@@ -125,7 +126,7 @@ BENCHES = (
         "ReplayBuffer",
         "TorchRL, DataLoader",
         "tokens",
-        default=("--rounds", "9"),
+        default=("--rounds", "15"),
         quick=("--rows", "1000"),
     ),
     Bench("publish", "Publisher", "Kafka Java producer", "MB", quick=("--mb", "30", "--repeats", "1")),
