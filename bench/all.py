@@ -16,7 +16,7 @@ machine (replay's 0.68 to 1.63 over 9 rounds at c93170d, its figure against Torc
 run and 1.44 in the next). process runs its default 30,000 trajectories over 9 rounds: at 15,000,
 ours' window was about 2 s and its rate spread 6,041 to 9,476/s over 3 rounds at dc551f3, and
 over 5 rounds at c93170d the ratio still spread from 0.48 to 0.72. The default sizes keep the
-whole run within 40 minutes on a 2-core machine (about 14 minutes here before these rounds);
+whole run within 40 minutes on a 2-core machine (18 minutes here at 309bdfb);
 `--quick` is a check that every bench runs, `--args NAME="..."` replaces one bench's arguments.
 
     python bench/all.py [--quick] [--only process,codec] [--args process="--rounds 2"] [--json]

@@ -34,9 +34,9 @@ by weight without replacement, sorted by length, cut greedily so that no batch w
 The whole process runs torch with one intra-op thread (`--torch-threads`): on two shared cores a
 `pad_sequence` of 45 rows took 8.6 ms with two threads and 0.47 ms with one. Sides alternate over
 `--rounds` (bench/rounds.py); ratio = ours / the better baseline's real (non-padding) tokens per
-second, the median over rounds; `ratio_vs_torchrl` and `ratio_vs_dataloader`, against each alone
-(issue 19's target of 1.5 names TorchRL at its best). Each side also reports `load_s` / `load_cpu_s` (window start to
-its first batch: the table read, and the baselines' cut and align), `cpu_ns_per_token` and
+second, the median over rounds; `ratio_vs_torchrl` and `ratio_vs_dataloader` against each alone
+(bench/all.py's target names TorchRL). Each side also reports `load_s` / `load_cpu_s` (window
+start to its first batch: the table read, and the baselines' cut and align), `cpu_ns_per_token` and
 `deliver_cpu_ns_per_token` (after the first batch: sampling and collate), steadier than wall
 time on a shared machine. A sample of every side's delivered rows (every 8th batch) is compared
 token by token with the rows as loaded from the table; any difference stops the bench.
