@@ -95,3 +95,19 @@ def test_remembered_readings_give_the_verdicts_of_a_fresh_reading(verifier):
     misses = clean_latex.cache_info().misses
     assert judge_all() == fresh
     assert clean_latex.cache_info().misses == misses and clean_latex.cache_info().hits >= len(CASES)
+
+
+def test_long_answers_are_read_afresh_and_never_remembered(verifier):
+    """Model output is untrusted and can be long: only texts of MEMO_MAX_CHARS or fewer are kept."""
+    from stream_processors.verifiers.math_answer import clean_latex
+    from stream_processors.verifiers.normalize import MEMO_MAX_CHARS
+
+    clean_latex.cache_clear()
+    long = "1" * (MEMO_MAX_CHARS + 1)
+    for _ in range(3):
+        verdict = verifier.verify(
+            {"trajectory_id": "t", "response_text": f"\\boxed{{{long}}}", "expected_answer": long}
+        )
+        assert verdict.status == "ok"
+    info = clean_latex.cache_info()
+    assert info.currsize == 0 and info.hits == 0

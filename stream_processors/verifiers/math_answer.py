@@ -9,7 +9,6 @@ relative `tolerance`; tuples element by element; then sympy's symbolic equality,
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from fractions import Fraction
@@ -18,7 +17,7 @@ from typing import Any
 from stream_processors.exceptions import VerifierInputError
 from stream_processors.verifiers.base import Verdict, Verifier
 from stream_processors.verifiers.exact_answer import final_answer
-from stream_processors.verifiers.normalize import MEMO_SIZE, exact, parse_number, parse_quantity
+from stream_processors.verifiers.normalize import exact, parse_number, parse_quantity, remembered
 from stream_processors.verifiers.symbolic import NAMES, SymbolicChecker
 
 _DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "^\\circ", "^{\\circ}", "°")
@@ -35,7 +34,7 @@ _SYMBOLS = {"\\cdot": "*", "\\times": "*", "\\pi": "pi", "\\infty": "oo", "\\ln"
             "\\sin": "sin", "\\cos": "cos", "\\tan": "tan", "\\exp": "exp", "\\div": "/"}  # fmt: skip
 
 
-@functools.lru_cache(maxsize=MEMO_SIZE)
+@remembered
 def clean_latex(answer: str) -> str:
     """The answer without LaTeX decoration, fractions and roots as plain expressions."""
     text = answer.strip().rstrip(".").strip()
@@ -58,7 +57,7 @@ def clean_latex(answer: str) -> str:
     return _SPACES.sub(" ", text).strip()
 
 
-@functools.lru_cache(maxsize=MEMO_SIZE)
+@remembered
 def as_number(text: str) -> Fraction | None:
     """An exact number from '0.5', '1,234', '3/4', '((1)/(2))', '-((3)/(4))', '50%', '12 cm', or None."""
     t = (
