@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stream_processors.verifiers import MathVerifier
+from stream_processors.verifiers.math_answer import as_number, clean_latex
+from stream_processors.verifiers.normalize import MEMO_MAX_CHARS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,7 +80,6 @@ def test_a_hostile_expression_is_bounded_in_time(verifier):
 def test_remembered_readings_give_the_verdicts_of_a_fresh_reading(verifier):
     """clean_latex and as_number remember what they read (a group shares its expected answer):
     the second pass over the cases reads from memory and judges every case the same."""
-    from stream_processors.verifiers.math_answer import as_number, clean_latex
 
     def judge_all() -> list[tuple[float, str]]:
         return [
@@ -99,9 +100,6 @@ def test_remembered_readings_give_the_verdicts_of_a_fresh_reading(verifier):
 
 def test_long_answers_are_read_afresh_and_never_remembered(verifier):
     """Model output is untrusted and can be long: only texts of MEMO_MAX_CHARS or fewer are kept."""
-    from stream_processors.verifiers.math_answer import clean_latex
-    from stream_processors.verifiers.normalize import MEMO_MAX_CHARS
-
     clean_latex.cache_clear()
     long = "1" * (MEMO_MAX_CHARS + 1)
     for _ in range(3):

@@ -17,7 +17,7 @@ from typing import Any
 from stream_processors.exceptions import VerifierInputError
 from stream_processors.verifiers.base import Verdict, Verifier
 from stream_processors.verifiers.exact_answer import final_answer
-from stream_processors.verifiers.normalize import exact, parse_number, parse_quantity, remembered
+from stream_processors.verifiers.normalize import Remembered, exact, parse_number, parse_quantity
 from stream_processors.verifiers.symbolic import NAMES, SymbolicChecker
 
 _DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "^\\circ", "^{\\circ}", "°")
@@ -34,7 +34,7 @@ _SYMBOLS = {"\\cdot": "*", "\\times": "*", "\\pi": "pi", "\\infty": "oo", "\\ln"
             "\\sin": "sin", "\\cos": "cos", "\\tan": "tan", "\\exp": "exp", "\\div": "/"}  # fmt: skip
 
 
-@remembered
+@Remembered
 def clean_latex(answer: str) -> str:
     """The answer without LaTeX decoration, fractions and roots as plain expressions."""
     text = answer.strip().rstrip(".").strip()
@@ -57,7 +57,7 @@ def clean_latex(answer: str) -> str:
     return _SPACES.sub(" ", text).strip()
 
 
-@remembered
+@Remembered
 def as_number(text: str) -> Fraction | None:
     """An exact number from '0.5', '1,234', '3/4', '((1)/(2))', '-((3)/(4))', '50%', '12 cm', or None."""
     t = (

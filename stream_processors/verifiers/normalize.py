@@ -59,7 +59,7 @@ _THOUSANDS_SPACE = re.compile(r"^[+-]?\d{1,3}( \d{3})+(\.\d+)?$")
 # 1.234.567 or 1.234,5 or 12,5; a lone "1.234" stays a decimal number
 _EUROPEAN = re.compile(r"^[+-]?[1-9]\d{0,2}((\.\d{3}){2,}(,\d+)?|(\.\d{3})+,\d+)$|^[+-]?\d+,\d{1,2}$")
 MEMO_SIZE = 16_384
-"""Distinct texts whose reading `remembered` keeps: a group's samples share their gold values, and
+"""Distinct texts whose reading `Remembered` keeps: a group's samples share their gold values, and
 answers repeat (on the fleet, 26% of extraction field pairs and 33% of math answers are distinct)."""
 MEMO_MAX_CHARS = 256
 """Longer texts are read afresh each time: model output can be long, and the memory stays bounded
@@ -71,7 +71,8 @@ T = TypeVar("T")
 
 
 class Remembered(Generic[T]):
-    """A pure function of one text that keeps its results for short texts (`remembered`)."""
+    """A pure function of one text that remembers its result for each of MEMO_SIZE recent texts
+    of at most MEMO_MAX_CHARS characters; longer texts are read afresh."""
 
     def __init__(self, read: Callable[[str], T]) -> None:
         self._read = read
@@ -88,11 +89,6 @@ class Remembered(Generic[T]):
     def cache_clear(self) -> None:
         """Forget every remembered result."""
         self._cached.cache_clear()
-
-
-def remembered(read: Callable[[str], T]) -> Remembered[T]:
-    """Remember `read`'s result for each of MEMO_SIZE recent texts of at most MEMO_MAX_CHARS."""
-    return Remembered(read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +189,7 @@ def parse_date(text: str) -> date | None:
     return None
 
 
-@remembered
+@Remembered
 def canonical(text: str) -> str | Quantity | date:
     """The comparable form of a field value: a date, a quantity, or case-folded text.
 
