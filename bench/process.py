@@ -7,11 +7,16 @@ has bench/score.py; `--code-messages` adds one run of ours on real sandboxed cod
 Baselines, on the same messages: a confluent-kafka consumer that decodes each message (no
 validation, no scoring) into Arrow and appends with `write_deltalake`, using the stage's own
 writer properties (`delta_sink.writer_properties()`: ZSTD, dictionary encoding only on the
-low-cardinality strings) and the commit rule 64 MiB of messages or 1 s. 64 MiB, not the stage's
-32 (`StreamDefaults.commit_mib`, chosen for the worker's peak memory): the threaded baseline
-drained 11,180 and 11,892 messages/s with 64 MiB commits against 8,158 and 8,651/s with 32,
-while ours ran as fast with either (2-round runs alternated, load average 0.8 to 1.2), so the
-baselines keep the commit size at which they are fastest.
+low-cardinality strings) and the stage's commit rule: 32 MiB of messages
+(`StreamDefaults.commit_mib`) or 1 s. Both consume with the worker's fetch settings
+(`lanes.FETCH["raw"]`: 4 MiB per partition; `fetch.queue.backoff.ms` 10). With librdkafka's
+1,000 ms default backoff a consumer whose queue filled waited up to a second for its next fetch:
+the threaded baseline drained 13,726 to 14,225 messages/s against 19,273 to 20,722/s with 10 ms
+(40,000 messages, 3 alternated runs each, load average 0.6 to 0.8); with 4 MiB per partition
+instead of the default 1 MiB, 20,691 to 21,225/s against 15,551 to 20,595/s (3 runs each, load 0.4
+to 1.3). With those settings 32 MiB commits are as fast as any: 22,123 (median of 3) against
+19,856/s with 64 MiB and 13,358/s with 128; 25,019 against 26,641/s with 16 and 19,057 (of 2) with
+8 (alternated, load 1.0 to 1.5). Before the backoff was set, 64 MiB had been the fastest.
 `baseline-serial` consumes, decodes and writes one after another in one thread;
 `baseline-threaded` decodes and builds each commit's table in one thread while a second thread
 writes the previous one (a queue of two), so the write's Rust and ZSTD time overlaps the decode.
@@ -68,11 +73,12 @@ from schemas import TrajectoryCodec
 from schemas.defaults import StreamDefaults
 from schemas.tables import TIMESTAMP
 from stream_processors.delta_sink import list_column, writer_properties
+from stream_processors.lanes import FETCH, FETCH_QUEUE_BACKOFF_MS
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
-BASELINE_COMMIT_BYTES = 64 * 2**20
-"""The baselines' commit size: their fastest (the module doc), twice the stage's default."""
+BASELINE_COMMIT_BYTES = StreamDefaults.commit_mib * 2**20
+"""The baselines' commit size: the stage's, as fast for them as any (the module doc)."""
 COMMIT_INTERVAL_S = StreamDefaults.commit_interval_s
 BATCH = 500
 WARMUP_S = 5.0
@@ -315,7 +321,8 @@ def _baseline_run(
             "bootstrap.servers": servers,
             "group.id": f"bench-{uuid.uuid4().hex[:6]}",
             "enable.auto.commit": False,
-            "fetch.max.bytes": 64 * 2**20,
+            **FETCH["raw"],
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])

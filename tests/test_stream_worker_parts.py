@@ -146,6 +146,7 @@ def test_a_lane_keeps_only_messages_of_partitions_still_assigned_and_judges_in_i
     )  # fmt: skip
     assert config["group.instance.id"] == "w-0-ultra" and config["security.protocol"] == "SSL"
     assert config["heartbeat.interval.ms"] == 3000 and config["max.partition.fetch.bytes"] == 64 * 2**20
+    assert config["fetch.queue.backoff.ms"] <= 10  # librdkafka's 1,000 ms default starves a full queue
 
 
 def test_the_sink_thread_accepts_what_was_not_revoked_and_settles_a_revoked_partition(tmp_path):
