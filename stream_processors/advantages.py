@@ -93,7 +93,7 @@ class GroupNormalization:
                 raise ValueError(f"band_pass must be 0 <= lo <= hi <= 1, got band_pass={self.band_pass}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Member:
     """What normalization needs of one sample."""
 

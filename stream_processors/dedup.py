@@ -97,7 +97,9 @@ class RecentTrajectories:
     def check(self, tp: TopicPartition, trajectory_id: str, offset: int) -> int | None:
         """The offset of the first copy when the trajectory at `offset` is a duplicate; otherwise
         remember it as accepted and return None."""
-        part = self._partitions.setdefault(tp, PartitionIds())
+        part = self._partitions.get(tp)
+        if part is None:
+            part = self._partitions[tp] = PartitionIds()
         if self.window == 0:
             return None
         first = part.earlier(trajectory_id, offset, self.window)

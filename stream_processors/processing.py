@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SourceMessage:
     """A consumed Kafka message: its coordinates, key and raw value."""
 

@@ -9,7 +9,7 @@ from stream_processors.validation import TokenArrays
 from stream_processors.verifiers.base import Verdict
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScoredTrajectory:
     """A decoded, validated, judged trajectory with its bucket and normalized rewards.
 
