@@ -30,6 +30,10 @@ moment (first message available) to the last measured row visible in the table (
 0.1 s) is the window. Rounds alternate (bench/rounds.py); `ratio` is the median of ours /
 the better baseline per round.
 
+`ours_cpu_us_<thread>`: ours' CPU per trajectory by OS thread name over the window (the worker's
+threads name themselves: stream_processors/thread_names.py; delta-rs's `tokio_rt_worker`,
+librdkafka's `rdk_broker`; `python` is the event loop and any thread not named), medians over rounds.
+
 p99_latency_s: groups published at half ours' median rate to an idle worker; per group, from the
 publish of its last sample to its rows visible. peak_rss_mb: the worker's peak resident memory
 (children included) over a backlog of `--backlog` messages.
@@ -279,6 +283,45 @@ def _tree_cpu(proc: psutil.Process) -> float:
     return total
 
 
+def _thread_cpu(proc: psutil.Process) -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds of each thread of `proc` and its live children, by (pid, tid), with the thread's
+    OS name (stream_processors/thread_names.py) less any trailing digits (rdk:broker1). Linux
+    only: elsewhere empty."""
+    out: dict[tuple[int, int], tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        pids = [proc.pid, *(c.pid for c in proc.children(recursive=True))]
+    except psutil.Error:
+        return out
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                stat, name = (task / "stat").read_text(), (task / "comm").read_text().strip()
+            except OSError:
+                continue  # the thread ended
+            fields = stat[stat.rindex(")") + 2 :].split()  # utime and stime are fields 14 and 15
+            out[(pid, int(task.name))] = (
+                name.rstrip("0123456789"),
+                (int(fields[11]) + int(fields[12])) / tick,
+            )
+    return out
+
+
+def _per_thread(
+    before: dict[tuple[int, int], tuple[str, float]],
+    after: dict[tuple[int, int], tuple[str, float]],
+    items: int,
+) -> dict[str, float]:
+    """`cpu_us_<name>`: microseconds of CPU per item by thread name over the window (threads that
+    started in it count from zero; one that ended in it is missing)."""
+    per: dict[str, float] = {}
+    for key, (name, seconds) in after.items():
+        spent = seconds - before.get(key, (name, 0.0))[1]
+        label = "cpu_us_" + "".join(ch if ch.isalnum() else "_" for ch in name).strip("_").lower()
+        per[label] = per.get(label, 0.0) + spent * 1e6 / items
+    return {k: round(v, 1) for k, v in per.items() if v >= 0.5}
+
+
 def _wait_rows(uri: str, rows: int, alive: Any, what: str, limit_s: float = 1800) -> float:
     """Poll the table every 0.1 s until it holds `rows`; returns the moment it did."""
     start = time.monotonic()
@@ -301,14 +344,15 @@ def _ours_side(admin: AdminClient, servers: str, warm: Messages, measured: Messa
     alive = lambda: proc.poll() is None  # noqa: E731
     try:
         _wait_rows(uri, len(warm), alive, "the worker (warm-up)")
-        cpu0 = _tree_cpu(watch)
+        cpu0, threads0 = _tree_cpu(watch), _thread_cpu(watch)
         t0 = staged.release()
         t1 = _wait_rows(uri, len(warm) + len(measured), alive, "the worker")
-        cpu1 = _tree_cpu(watch)
+        cpu1, threads1 = _tree_cpu(watch), _thread_cpu(watch)
     finally:
         _stop(proc)
         admin.delete_topics(list(staged.topics))
-    return Sample(items=len(measured), seconds=t1 - t0, cpu_s=cpu1 - cpu0)
+    extra = _per_thread(threads0, threads1, len(measured))
+    return Sample(items=len(measured), seconds=t1 - t0, cpu_s=cpu1 - cpu0, extra=extra)
 
 
 def _baseline_run(

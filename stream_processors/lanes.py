@@ -16,6 +16,7 @@ from stream_processors.intake import Intake, Taken
 from stream_processors.offsets import Coordinates
 from stream_processors.processing import JudgedBatch, SourceMessage
 from stream_processors.shielded import shielded
+from stream_processors.thread_names import name_os_thread
 
 ULTRA_MAX_MESSAGE_BYTES = 67_108_864
 """64 MiB: rollouts.ultra's max.message.bytes as infra/topics.toml declares it. The ultra lane's
@@ -90,8 +91,18 @@ class Lane:
         self.intake = intake
         self.batch_size = batch_size
         self.within_s = within_s
-        self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rollstream-{name}-intake")
-        self.judge_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rollstream-{name}")
+        self.reader = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"rollstream-{name}-intake",
+            initializer=name_os_thread,
+            initargs=(f"rs-{name}-intake",),
+        )
+        self.judge_thread = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"rollstream-{name}",
+            initializer=name_os_thread,
+            initargs=(f"rs-{name}-judge",),
+        )
         self.judging = False
         """True while a batch is being judged (the wall-clock group timeout waits for it)."""
         self.caught_up = True

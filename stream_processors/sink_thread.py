@@ -12,6 +12,7 @@ from stream_processors.lanes import Lane
 from stream_processors.offsets import TopicPartition
 from stream_processors.processing import JudgedBatch
 from stream_processors.stage import BatchStats, Stage
+from stream_processors.thread_names import name_os_thread
 
 T = TypeVar("T")
 Step = tuple[BatchStats | int, dict[TopicPartition, int]]
@@ -24,7 +25,12 @@ class SinkThread:
 
     def __init__(self, stage: Stage) -> None:
         self.stage = stage
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-sink")
+        self.executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="rollstream-sink",
+            initializer=name_os_thread,
+            initargs=("rs-sink",),
+        )
 
     def step(self, work: Callable[[], BatchStats | int]) -> asyncio.Future[Step]:
         """Run `work` in the sink thread (from the event loop)."""

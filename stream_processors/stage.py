@@ -57,6 +57,7 @@ from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
 from stream_processors.rows import ScoredTrajectory
 from stream_processors.state import PartitionState, SinkState
+from stream_processors.thread_names import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,12 @@ class Stage:
         self._letter_coords: list[Coordinates] = []  # written since the last commit: its holes
         self._revoked: set[TopicPartition] = set()
         self._committer = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstream-commit")
+            ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="rollstream-commit",
+                initializer=name_os_thread,
+                initargs=("rs-commit",),
+            )
             if background_commits
             else None
         )

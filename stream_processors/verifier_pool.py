@@ -23,6 +23,7 @@ from typing import Any
 
 from schemas.domains import DomainRegistry, DomainSpec
 from stream_processors.exceptions import InvalidRecordError
+from stream_processors.thread_names import name_os_thread
 from stream_processors.verifiers import Verdict
 from stream_processors.verifiers.domains import DomainVerifiers
 
@@ -62,6 +63,7 @@ def _start(
     parent: int,
 ) -> None:
     global _verifiers
+    name_os_thread("rs-verifier")  # the process's main thread: `ps` and `top` show this name
     threading.Thread(target=_exit_with, args=(parent,), name="rollstream-parent-watch", daemon=True).start()
     _verifiers = DomainVerifiers(
         DomainRegistry(*registry), unknown_domains=unknown_domains, versions=versions

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -33,6 +34,11 @@ def test_the_pool_judges_like_the_worker_and_survives_a_killed_process():
         expected = [judge_record(verifiers, r) for r in heavy]
         got = pool.collect(pool.submit(heavy), len(heavy))
         assert got == expected
+        # Each pool process names itself once its initializer ran (the second may still be starting).
+        deadline = time.monotonic() + 60
+        while len(named := [c for c in psutil.Process().children() if c.name() == "rs-verifier"]) < 2:
+            assert time.monotonic() < deadline, f"pool processes named rs-verifier for ps and top: {named}"
+            time.sleep(0.1)
 
         # A process killed while it judges breaks the pool: the chunks in flight come back as None
         # (the caller judges them), and the next submit starts a new pool. The chunks are large

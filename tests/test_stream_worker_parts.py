@@ -32,6 +32,7 @@ from stream_processors.shutdown import Shutdown
 from stream_processors.sink_thread import SinkThread
 from stream_processors.stage import Stage, StageObserver
 from stream_processors.startup import Preflight
+from stream_processors.thread_names import name_os_thread
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[1]
@@ -373,6 +374,33 @@ def test_readiness_and_the_metrics_server_of_processes_without_a_web_server():
         assert json.loads(get("/health")[1])["status"] == "stopping"
     with pytest.raises(KeyError, match="unknown readiness condition"):
         readiness.mark("typo")
+
+
+def _os_name() -> str:
+    """The calling thread's kernel name, as `top -H` and /proc show it."""
+    return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+
+def test_the_worker_threads_carry_their_names_to_the_os(tmp_path):
+    lane = Lane("ultra", FakeIntake("ultra"), 1, 0.1)  # type: ignore[arg-type]
+    stage = make_stage(tmp_path, background_commits=True)
+    sink = SinkThread(stage)
+    try:
+        assert lane.reader.submit(_os_name).result() == "rs-ultra-intake"
+        assert lane.judge_thread.submit(_os_name).result() == "rs-ultra-judge"
+        assert sink.executor.submit(_os_name).result() == "rs-sink"
+        assert stage._committer is not None
+        assert stage._committer.submit(_os_name).result() == "rs-commit"
+        assert set(stage.processor.pool.map(lambda _: _os_name(), range(4))) == {"rs-sandbox"}
+        names: list[str] = []
+        named = threading.Thread(target=lambda: (name_os_thread("n" * 40), names.append(_os_name())))
+        named.start()
+        named.join()
+        assert names == ["n" * 15], "Linux keeps 15 bytes of a name; a longer one is cut, not refused"
+    finally:
+        for executor in (lane.reader, lane.judge_thread, sink.executor):
+            executor.shutdown()
+        stage.flush()
 
 
 def test_no_function_in_stream_processors_is_longer_than_80_lines():
