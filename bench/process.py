@@ -288,7 +288,7 @@ def _thread_cpu(proc: psutil.Process) -> dict[tuple[int, int], tuple[str, float]
     OS name (stream_processors/thread_names.py) less any trailing digits (rdk:broker1). Linux
     only: elsewhere empty."""
     out: dict[tuple[int, int], tuple[str, float]] = {}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    tick = os.sysconf("SC_CLK_TCK")
     try:
         pids = [proc.pid, *(c.pid for c in proc.children(recursive=True))]
     except psutil.Error:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stream_processors.intake import Intake, Taken
 from stream_processors.offsets import Coordinates
 from stream_processors.processing import JudgedBatch, SourceMessage
 from stream_processors.shielded import shielded
-from stream_processors.thread_names import name_os_thread
+from stream_processors.thread_names import named_executor
 
 ULTRA_MAX_MESSAGE_BYTES = 67_108_864
 """64 MiB: rollouts.ultra's max.message.bytes as infra/topics.toml declares it. The ultra lane's
@@ -91,18 +90,8 @@ class Lane:
         self.intake = intake
         self.batch_size = batch_size
         self.within_s = within_s
-        self.reader = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix=f"rollstream-{name}-intake",
-            initializer=name_os_thread,
-            initargs=(f"rs-{name}-intake",),
-        )
-        self.judge_thread = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix=f"rollstream-{name}",
-            initializer=name_os_thread,
-            initargs=(f"rs-{name}-judge",),
-        )
+        self.reader = named_executor(f"{name}-intake")
+        self.judge_thread = named_executor(f"{name}-judge")
         self.judging = False
         """True while a batch is being judged (the wall-clock group timeout waits for it)."""
         self.caught_up = True

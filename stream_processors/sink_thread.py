@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from stream_processors.intake import Taken
@@ -12,7 +11,7 @@ from stream_processors.lanes import Lane
 from stream_processors.offsets import TopicPartition
 from stream_processors.processing import JudgedBatch
 from stream_processors.stage import BatchStats, Stage
-from stream_processors.thread_names import name_os_thread
+from stream_processors.thread_names import named_executor
 
 T = TypeVar("T")
 Step = tuple[BatchStats | int, dict[TopicPartition, int]]
@@ -25,12 +24,7 @@ class SinkThread:
 
     def __init__(self, stage: Stage) -> None:
         self.stage = stage
-        self.executor = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="rollstream-sink",
-            initializer=name_os_thread,
-            initargs=("rs-sink",),
-        )
+        self.executor = named_executor("sink")
 
     def step(self, work: Callable[[], BatchStats | int]) -> asyncio.Future[Step]:
         """Run `work` in the sink thread (from the event loop)."""

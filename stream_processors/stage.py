@@ -37,7 +37,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -57,7 +57,7 @@ from stream_processors.offsets import Coordinates, TopicPartition
 from stream_processors.processing import BatchProcessor, JudgedBatch, SourceMessage
 from stream_processors.rows import ScoredTrajectory
 from stream_processors.state import PartitionState, SinkState
-from stream_processors.thread_names import name_os_thread
+from stream_processors.thread_names import named_executor
 
 log = logging.getLogger(__name__)
 
@@ -182,16 +182,7 @@ class Stage:
         self._letters: list[DeadLetter] = []  # of decided groups, not yet written
         self._letter_coords: list[Coordinates] = []  # written since the last commit: its holes
         self._revoked: set[TopicPartition] = set()
-        self._committer = (
-            ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix="rollstream-commit",
-                initializer=name_os_thread,
-                initargs=("rs-commit",),
-            )
-            if background_commits
-            else None
-        )
+        self._committer = named_executor("commit") if background_commits else None
         self._committing: _Commit | None = None
         self.observer: StageObserver = observer if observer is not None else StageObserver()
         self.on_written: Callable[[], None] = lambda: None

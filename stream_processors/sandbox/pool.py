@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from stream_processors.thread_names import name_os_thread
+from stream_processors.thread_names import named_executor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -23,12 +22,7 @@ class SandboxPool:
         if size < 1:
             raise ValueError(f"sandbox pool size must be >= 1, got {size}")
         self.size = size
-        self._executor = ThreadPoolExecutor(
-            max_workers=size,
-            thread_name_prefix="rollstream-sandbox",
-            initializer=name_os_thread,
-            initargs=("rs-sandbox",),
-        )
+        self._executor = named_executor("sandbox", size)
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """fn over items, `size` at a time, results in order; the first exception raised is re-raised."""
